@@ -1,0 +1,15 @@
+"""The meta store (private): model, migrations and the state machine."""
+
+from .models import ABORTED, COMMITTED, PENDING
+from .store import EpochRecord, MetaStore, SinkRecord, default_url, redact_url
+
+__all__ = [
+    "ABORTED",
+    "COMMITTED",
+    "PENDING",
+    "EpochRecord",
+    "MetaStore",
+    "SinkRecord",
+    "default_url",
+    "redact_url",
+]

@@ -1,0 +1,55 @@
+"""SQLAlchemy 2 model of the meta store. The Alembic migrations in ``alembic/`` create it."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Float, Integer, LargeBinary, MetaData, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+PENDING = "PENDING"
+COMMITTED = "COMMITTED"
+ABORTED = "ABORTED"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData()
+
+
+class SinkRow(Base):
+    """One row per sink_id: fencing generation, epoch lineage, high-water mark."""
+
+    __tablename__ = "eosink_sink"
+
+    sink_id: Mapped[str] = mapped_column(String(512), primary_key=True)
+    plugin: Mapped[str] = mapped_column(String(128))
+    generation: Mapped[int] = mapped_column(BigInteger, default=0)
+    owner: Mapped[str] = mapped_column(String(256), default="")
+    lineage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    epoch_base: Mapped[int] = mapped_column(BigInteger, default=0)
+    high_water: Mapped[int] = mapped_column(BigInteger, default=-1)
+    committed_epochs: Mapped[int] = mapped_column(BigInteger, default=0)
+    arrow_schema: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    options_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class EpochRow(Base):
+    """The two-phase state of one epoch of one sink (the ``pending_sink_state`` table)."""
+
+    __tablename__ = "pending_sink_state"
+
+    sink_id: Mapped[str] = mapped_column(String(512), primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    committable: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    codec_version: Mapped[int] = mapped_column(Integer, default=1)
+    generation: Mapped[int] = mapped_column(BigInteger)
+    rows: Mapped[int] = mapped_column(BigInteger, default=0)
+    files: Mapped[int] = mapped_column(Integer, default=0)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    batch_end_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    pre_commit_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    commit_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    committed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)

@@ -1,0 +1,488 @@
+"""The Spark runner: ``eosink.run`` for batch and streaming DataFrames."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+
+from ._checkpoint import CheckpointDir
+from ._metastore import COMMITTED, PENDING, MetaStore, default_url
+from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
+from .errors import ConfigError, EosinkError, NewCheckpointError
+from .faults import fault_point
+from .registry import get_sink
+from .sink import SinkPlugin, WriterContext
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger("eosink")
+
+__all__ = ["BatchResult", "StreamingHandle", "run", "spark_session"]
+
+CommitMode = Literal["after_checkpoint", "inline"]
+
+
+# ---------------------------------------------------------------------------------------
+# Spark session helper
+# ---------------------------------------------------------------------------------------
+def find_java() -> str:
+    """Return JAVA_HOME for Spark, finding Java 17+ if JAVA_HOME is unset.
+
+    Raises:
+        EosinkError: no Java installation found, with how to install one.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        return home
+    java = shutil.which("java")
+    if java:
+        return os.path.dirname(os.path.dirname(os.path.realpath(java)))
+    for cand in sorted(glob.glob("/usr/lib/jvm/*/bin/java"), reverse=True):
+        return os.path.dirname(os.path.dirname(cand))
+    raise EosinkError(
+        "Spark needs Java 17 or newer and none was found (no JAVA_HOME, no `java` on PATH). "
+        "Install one, e.g. `apt-get install openjdk-17-jre-headless`, or set JAVA_HOME."
+    )
+
+
+def spark_session(master: str = "local[2]", app_name: str = "eosink", **conf: str) -> SparkSession:
+    """A SparkSession set up for eosink: Java found, executors on this Python, Arrow on.
+
+    Args:
+        master: Spark master URL (``local[2]``, ``spark://host:7077``...).
+        app_name: application name.
+        **conf: extra Spark settings (dots written as ``__``: ``spark__ui__enabled="false"``).
+    """
+    os.environ["JAVA_HOME"] = find_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    b = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for k, v in conf.items():
+        b = b.config(k.replace("__", "."), v)
+    return b.getOrCreate()
+
+
+def arrow_schema(df: DataFrame) -> pa.Schema:
+    """The Arrow schema Spark's ``mapInArrow`` hands to writers for ``df``."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(df.schema)
+
+
+# ---------------------------------------------------------------------------------------
+# Writers in Spark tasks
+# ---------------------------------------------------------------------------------------
+_RESULT_SCHEMA = "result binary, rows long"
+
+
+def _task_fn(plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoch: int) -> Any:
+    factory = plugin.writer_factory
+    codec = plugin.write_result_codec
+
+    def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        part = tc.partitionId() if tc else 0
+        attempt = tc.attemptNumber() if tc else 0
+        ctx = WriterContext(sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}")
+        writer = factory(options, ctx)
+        rows = 0
+        try:
+            writer.begin_epoch(epoch)
+            for b in batches:
+                rows += b.num_rows
+                writer.write_batch(b)
+            fault_point("task_before_finish", first_attempt=attempt == 0)
+            result = writer.finish_write(epoch)
+        except BaseException:
+            writer.abort_write()
+            raise
+        yield pa.record_batch(
+            [pa.array([codec.encode(result)], pa.binary()), pa.array([rows], pa.int64())],
+            names=["result", "rows"],
+        )
+
+    return write_partition
+
+
+def write_epoch(
+    df: DataFrame, plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoch: int
+) -> tuple[list[Any], int, float]:
+    """Run the writers of ``epoch`` in Spark tasks; return (results, rows, seconds)."""
+    t0 = time.perf_counter()
+    out = df.mapInArrow(_task_fn(plugin, options, sink_id, epoch), _RESULT_SCHEMA).collect()
+    codec = plugin.write_result_codec
+    results = [codec.decode(bytes(r["result"]), codec.version) for r in out]
+    return results, sum(int(r["rows"]) for r in out), time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------------------------------
+# Results and handles
+# ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchResult:
+    """What ``eosink.run`` returns for a batch DataFrame.
+
+    Attributes:
+        sink_id: the sink.
+        epoch: the epoch written.
+        rows: rows written in this call (0 when skipped).
+        files: files (or other units) the committable published.
+        committed: True: the epoch is visible.
+        skipped: True when the epoch had been committed before (a re-run is a no-op).
+        recovered: True when a crashed earlier run's pending epoch was finished instead.
+        figures: durations of the phases.
+    """
+
+    sink_id: str
+    epoch: int
+    rows: int
+    files: int
+    committed: bool
+    skipped: bool = False
+    recovered: bool = False
+    figures: EpochFigures | None = None
+
+
+@dataclass
+class StreamingHandle:
+    """A running streaming query writing through eosink.
+
+    ``stop()`` and ``await_termination()`` return only once every epoch that Spark has
+    checkpointed is committed and visible. ``figures`` holds one :class:`EpochFigures` per
+    micro-batch (rows, pre-commit and commit durations, visibility lag).
+    """
+
+    query: StreamingQuery
+    sink_id: str
+    runtime: SinkRuntime
+    committer: AsyncCommitter | None
+    epoch_base: int
+    figures: list[EpochFigures] = field(default_factory=list)
+    _closed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def id(self) -> str:
+        return str(self.query.id)
+
+    @property
+    def is_active(self) -> bool:
+        return bool(self.query.isActive)
+
+    def committed_epochs(self) -> list[int]:
+        return [f.epoch for f in self.figures if f.committed_at]
+
+    def _finish(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            if self.committer is not None:
+                self.committer.drain(until_checkpointed=True)
+                left = self.committer.outstanding()
+                if left:
+                    log.info(
+                        "sink %s: %d epoch(s) not checkpointed by Spark stay PENDING; the next "
+                        "start aborts and rewrites them", self.sink_id, left,
+                    )
+        finally:
+            if self.committer is not None:
+                self.committer.close()
+            self.runtime.close()
+            self.runtime.store.close()
+
+    def stop(self) -> None:
+        """Stop the query, then commit every checkpointed epoch before returning."""
+        self.query.stop()
+        self._finish()
+
+    def await_termination(self, timeout: float | None = None) -> bool:
+        """Wait for the query to end (e.g. ``availableNow``); drain commits; re-raise errors.
+
+        Returns:
+            True if the query ended within ``timeout``.
+        """
+        try:
+            done = self.query.awaitTermination(timeout) if timeout is not None else (
+                self.query.awaitTermination() or True
+            )
+        except BaseException:
+            self._finish()
+            if self.committer is not None:
+                self.committer.raise_if_failed()
+            raise
+        if done:
+            self._finish()
+        return bool(done)
+
+    def process_all_available(self) -> None:
+        """Block until the source's available data is processed and committed."""
+        self.query.processAllAvailable()
+        if self.committer is not None:
+            self.committer.drain(until_checkpointed=True)
+
+    def __enter__(self) -> StreamingHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# ---------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------
+def run(
+    df: DataFrame,
+    sink: str,
+    *,
+    sink_id: str | None = None,
+    metastore_url: str | None = None,
+    checkpoint_location: str | None = None,
+    trigger: dict[str, Any] | None = None,
+    epoch: int | None = None,
+    commit_mode: CommitMode = "after_checkpoint",
+    new_checkpoint: Literal["refuse", "continue"] = "refuse",
+    query_name: str | None = None,
+    **sink_options: Any,
+) -> BatchResult | StreamingHandle:
+    """Write ``df`` to a sink exactly once.
+
+    Args:
+        df: a batch or streaming DataFrame.
+        sink: the sink name (``eosink plugins`` lists them).
+        sink_id: stable name of this logical sink; keys all persisted state. Default derived
+            from the sink and its target (e.g. ``file:/data/out``). Never a Spark query id.
+        metastore_url: SQLAlchemy URL of the meta store. Default ``EOSINK_METASTORE_URL``, else
+            a SQLite file inside ``checkpoint_location`` (streaming) or
+            ``~/.eosink/metastore.db`` (batch).
+        checkpoint_location: streaming only, required: Spark's checkpoint directory.
+        trigger: streaming only: ``{"processingTime": "5 seconds"}``, ``{"availableNow": True}``,
+            ``{"once": True}``. Default: as fast as possible.
+        epoch: batch only: the epoch to write. With an explicit epoch a re-run is a no-op once
+            committed (idempotent batch jobs). Default: the next free epoch.
+        commit_mode: ``after_checkpoint`` (default: phase 2 runs after Spark's checkpoint, off
+            the batch's critical path) or ``inline`` (commit inside the batch, after
+            persisting; lower visibility lag, longer batches).
+        new_checkpoint: streaming: what to do when ``checkpoint_location`` is new but the sink
+            already has committed epochs: ``refuse`` (default, raises
+            :class:`NewCheckpointError`) or ``continue`` on a new epoch range.
+        query_name: streaming query name.
+        **sink_options: the sink's options, validated by its pydantic model before any job.
+
+    Returns:
+        :class:`BatchResult` for a batch DataFrame, :class:`StreamingHandle` for a streaming one.
+
+    Raises:
+        UnknownSinkError, ConfigError, SchemaMismatchError: before any job starts.
+        MetaStoreUnavailableError: the meta store cannot be reached (nothing is published).
+    """
+    plugin = get_sink(sink)
+    options = plugin.parse_options(sink_options)
+    if commit_mode not in ("after_checkpoint", "inline"):
+        raise ConfigError(f"commit_mode must be 'after_checkpoint' or 'inline', not {commit_mode!r}")
+    if new_checkpoint not in ("refuse", "continue"):
+        raise ConfigError(f"new_checkpoint must be 'refuse' or 'continue', not {new_checkpoint!r}")
+    schema = arrow_schema(df)
+    if plugin.validate_schema is not None:
+        plugin.validate_schema(options, schema)
+    sid = sink_id or plugin.default_sink_id(options)
+    streaming = bool(df.isStreaming)
+    if streaming:
+        if epoch is not None:
+            raise ConfigError("epoch= is for batch DataFrames; a stream's epoch is its batchId")
+        if not checkpoint_location:
+            raise ConfigError(
+                "checkpoint_location is required for a streaming DataFrame: it is how Spark "
+                "and eosink resume after a crash"
+            )
+    else:
+        if trigger is not None or checkpoint_location is not None:
+            raise ConfigError("trigger and checkpoint_location are for streaming DataFrames")
+        if epoch is not None and epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, not {epoch}")
+    store = MetaStore(metastore_url or default_url(checkpoint_location if streaming else None))
+    runtime = SinkRuntime(plugin, options, sid, store)
+    try:
+        runtime.start()
+        if not streaming:
+            try:
+                return _run_batch(df, runtime, schema, epoch)
+            finally:
+                runtime.close()
+                store.close()
+        return _start_stream(
+            df, runtime, schema, checkpoint_location or "", trigger, commit_mode,
+            new_checkpoint, query_name,
+        )
+    except BaseException:
+        if streaming:
+            store.close()
+        raise
+
+
+def _run_batch(
+    df: DataFrame, runtime: SinkRuntime, schema: pa.Schema, epoch: int | None
+) -> BatchResult:
+    sid = runtime.sink_id
+    e = epoch if epoch is not None else runtime.store.max_epoch(sid) + 1
+    status = runtime.status_of(e)
+    if status == COMMITTED or (status is None and runtime.is_committed(e)):
+        log.info("sink %s epoch %d: already committed; nothing to do", sid, e)
+        return BatchResult(sid, e, 0, 0, committed=True, skipped=True)
+    if status == PENDING:
+        # A crashed run persisted this epoch's committable: its data is complete. Finish it.
+        log.info("sink %s epoch %d: finishing the commit of a crashed run", sid, e)
+        runtime.recover(first_epoch=e + 1)
+        rec = runtime.store.epoch(sid, e)
+        assert rec is not None and rec.status == COMMITTED
+        return BatchResult(sid, e, rec.rows, rec.files, committed=True, recovered=True,
+                           figures=runtime.figures.get(e))
+    runtime.recover(first_epoch=e)
+    log.info("sink %s epoch %d: writing batch DataFrame", sid, e)
+    results, rows, secs = write_epoch(df, runtime.plugin, runtime.options, sid, e)
+    committable, fig = runtime.pre_commit(
+        e, results, runtime.add_columns(schema), rows=rows, write_s=secs
+    )
+    # A batch job has no Spark checkpoint: the durable PENDING row plays that role.
+    runtime.commit_epoch(e, committable, fig)
+    return BatchResult(sid, e, rows, fig.files, committed=True, figures=fig)
+
+
+def _epoch_base(
+    runtime: SinkRuntime, ckpt: CheckpointDir, new_checkpoint: str
+) -> int:
+    """Map this checkpoint's batch ids to sink epochs; detect a fresh checkpoint (rule 5)."""
+    sid = runtime.sink_id
+    rec = runtime.store.sink(sid)
+    assert rec is not None
+    lineage = ckpt.read_lineage()
+    if lineage is not None and rec.lineage == lineage:
+        return rec.epoch_base
+    last = runtime.store.max_epoch(sid)
+    if last >= 0:
+        if new_checkpoint != "continue":
+            raise NewCheckpointError(
+                f"sink {sid!r} already has epochs up to {last} written by another checkpoint, "
+                f"and checkpoint_location {ckpt.location!r} is new to it. A fresh checkpoint "
+                "re-reads the source from its starting offsets, which would duplicate rows. "
+                "Restart with the original checkpoint_location, or pass "
+                "new_checkpoint='continue' to write this query's epochs after "
+                f"epoch {last} (right when the new query's source starts where the old stopped)."
+            )
+        base = last + 1
+        log.warning(
+            "sink %s: new checkpoint %s; continuing on a new epoch range from %d",
+            sid, ckpt.location, base,
+        )
+    else:
+        base = 0
+    if lineage is None:
+        lineage = ckpt.write_lineage()
+    runtime.store.set_lineage(sid, runtime.generation, lineage, base)
+    return base
+
+
+def _start_stream(
+    df: DataFrame,
+    runtime: SinkRuntime,
+    schema: pa.Schema,
+    checkpoint_location: str,
+    trigger: dict[str, Any] | None,
+    commit_mode: str,
+    new_checkpoint: str,
+    query_name: str | None,
+) -> StreamingHandle:
+    spark = df.sparkSession
+    ckpt = CheckpointDir(spark, checkpoint_location)
+    base = _epoch_base(runtime, ckpt, new_checkpoint)
+    last = ckpt.last_committed_batch()
+    first = base + (0 if last is None else last + 1)
+    # Inline mode may have crashed in the middle of a commit: every PENDING epoch holds
+    # complete data, so finish them all; the replayed batch is then skipped (rule 4).
+    runtime.recover(first_epoch=sys.maxsize if commit_mode == "inline" else first)
+    sid = runtime.sink_id
+
+    committer = (
+        AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
+        if commit_mode == "after_checkpoint"
+        else None
+    )
+    handle_box: list[StreamingHandle] = []
+    state = {"schema": schema}
+
+    def process_batch(batch_df: DataFrame, batch_id: int) -> None:
+        if committer is not None:
+            committer.raise_if_failed()
+            committer.wake()
+        e = base + batch_id
+        handle = handle_box[0]
+        status = runtime.status_of(e)
+        if status == COMMITTED or (status is None and runtime.is_committed(e)):
+            log.info("sink %s epoch %d (batch %d): replay of a committed epoch; output "
+                     "discarded", sid, e, batch_id)
+            handle.figures.append(EpochFigures(e, skipped=True))
+            return
+        if status == PENDING:
+            rec = runtime.store.epoch(sid, e)
+            assert rec is not None and rec.committable is not None
+            c = runtime.plugin.committable_codec.decode(rec.committable, rec.codec_version)
+            runtime.commit_epoch(e, c)
+            return
+        bschema = arrow_schema(batch_df)
+        add = runtime.add_columns(bschema) if not bschema.equals(state["schema"]) else []
+        state["schema"] = bschema
+        results, rows, secs = write_epoch(batch_df, runtime.plugin, runtime.options, sid, e)
+        committable, fig = runtime.pre_commit(e, results, add, rows=rows, write_s=secs)
+        handle.figures.append(fig)
+        if committer is None:
+            runtime.commit_epoch(e, committable, fig)
+        else:
+            committer.submit(e, committable, fig)
+
+    runtime.add_columns(schema)
+    writer = df.writeStream.foreachBatch(process_batch).option(
+        "checkpointLocation", checkpoint_location
+    )
+    if trigger:
+        writer = writer.trigger(**trigger)
+    if query_name:
+        writer = writer.queryName(query_name)
+    try:
+        query = writer.start()
+    except BaseException:
+        if committer is not None:
+            committer.close()
+        raise
+    handle = StreamingHandle(query, sid, runtime, committer, base)
+    handle_box.append(handle)
+    log.info(
+        "sink %s: streaming query %s started (epochs = %d + batchId, commit_mode=%s)",
+        sid, query.id, base, commit_mode,
+    )
+    return handle

@@ -1,0 +1,131 @@
+"""The one error hierarchy of eosink.
+
+Every error eosink raises derives from :class:`EosinkError`. Each class says whether retrying
+the same operation can succeed (:attr:`EosinkError.transient`). Errors are picklable so they
+can cross from Spark executors to the driver.
+
+"commit failed" (:class:`CommitFailedError`: nothing became visible) is distinct from
+"commit state unknown" (:class:`CommitStateUnknownError`: the target may or may not hold the
+epoch; the coordinator resolves it through the plugin's idempotent ``commit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CommitFailedError",
+    "CommitStateUnknownError",
+    "ConfigError",
+    "EosinkError",
+    "FencedError",
+    "InvalidTransitionError",
+    "MetaStoreError",
+    "MetaStoreUnavailableError",
+    "MissingExtraError",
+    "NewCheckpointError",
+    "SchemaMismatchError",
+    "SchemaOutdatedError",
+    "SinkError",
+    "UnknownSinkError",
+]
+
+
+class EosinkError(Exception):
+    """Root of every error raised by eosink.
+
+    Attributes:
+        transient: True when retrying the same operation later may succeed.
+    """
+
+    transient: bool = False
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep errors picklable even when subclasses take keyword-only arguments.
+        return (_rebuild, (type(self), self.args, self.__dict__.copy()))
+
+
+def _rebuild(cls: type[EosinkError], args: tuple[Any, ...], state: dict[str, Any]) -> EosinkError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
+class ConfigError(EosinkError, ValueError):
+    """Invalid options or arguments; raised before any Spark job starts."""
+
+
+class UnknownSinkError(ConfigError):
+    """No installed plugin provides the requested sink name."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        listed = ", ".join(sorted(known)) or "(none)"
+        super().__init__(
+            f"unknown sink {name!r}; installed sinks: {listed}. "
+            "Run `eosink plugins` to see them with their packages."
+        )
+        self.name = name
+        self.known = sorted(known)
+
+
+class MissingExtraError(EosinkError, ImportError):
+    """An optional dependency is missing; the message names the pip extra that installs it."""
+
+    def __init__(self, module: str, extra: str, what: str = "") -> None:
+        purpose = f" (needed for {what})" if what else ""
+        super().__init__(
+            f"Python module {module!r} is not installed{purpose}. "
+            f"Install it with: pip install 'eosink[{extra}]'"
+        )
+        self.name = module
+        self.extra = extra
+
+
+class SchemaMismatchError(ConfigError):
+    """The DataFrame's schema cannot be written by the sink (names the column)."""
+
+
+class NewCheckpointError(ConfigError):
+    """A streaming query started from a fresh checkpoint for a sink that already has history."""
+
+
+class MetaStoreError(EosinkError):
+    """The meta store rejected or failed an operation."""
+
+
+class MetaStoreUnavailableError(MetaStoreError):
+    """The meta store cannot be reached. Nothing was published."""
+
+    transient = True
+
+
+class SchemaOutdatedError(MetaStoreError):
+    """The meta store's schema is older than this version of eosink."""
+
+
+class InvalidTransitionError(MetaStoreError):
+    """A state change that the two-phase state machine does not allow."""
+
+
+class FencedError(MetaStoreError):
+    """Another coordinator for the same sink_id took over; this one may change nothing."""
+
+
+class SinkError(EosinkError):
+    """An error raised by a sink plugin's phase method."""
+
+
+class CommitFailedError(SinkError):
+    """The commit did not happen: nothing of the epoch is visible in the target."""
+
+    transient = True
+
+
+class CommitStateUnknownError(SinkError):
+    """The commit may or may not have happened (e.g. the target's answer was lost).
+
+    The coordinator resolves it by calling the plugin's idempotent ``commit`` again.
+    """
+
+    transient = True

@@ -1,0 +1,73 @@
+"""Named fault points for crash tests.
+
+Arm one with the environment variable ``EOSINK_FAULT``: ``point`` kills the process with
+SIGKILL the first time it reaches ``point``; ``point@N`` the N-th time. Several may be given,
+separated by commas. Unarmed (the normal case), :func:`fault_point` is one dict lookup.
+
+Driver points, in protocol order:
+
+=====================  =============================================================
+after_write_results    every writer finished; the driver has the results, nothing built
+after_pre_commit       committable built, not persisted
+after_persist          PENDING durable; Spark has not checkpointed the epoch yet
+before_commit          the epoch is checkpointed; commit not started
+mid_commit             the plugin made part of the epoch visible
+after_commit           the target holds the epoch; the COMMITTED mark is not written
+after_mark_committed   COMMITTED durable
+mid_abort              recovery is deleting an aborted epoch's staged data
+=====================  =============================================================
+
+Executor point: ``task_before_finish`` kills the Python worker of a task's *first* attempt
+before ``finish_write`` (a lost executor; Spark retries the task).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["DRIVER_FAULT_POINTS", "EXECUTOR_FAULT_POINTS", "fault_point"]
+
+DRIVER_FAULT_POINTS = (
+    "after_write_results",
+    "after_pre_commit",
+    "after_persist",
+    "before_commit",
+    "mid_commit",
+    "after_commit",
+    "after_mark_committed",
+    "mid_abort",
+)
+EXECUTOR_FAULT_POINTS = ("task_before_finish",)
+
+
+def _parse(spec: str | None) -> dict[str, int]:
+    armed: dict[str, int] = {}
+    for part in (spec or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, _, n = part.partition("@")
+        if name not in DRIVER_FAULT_POINTS + EXECUTOR_FAULT_POINTS:
+            raise ValueError(f"EOSINK_FAULT: unknown fault point {name!r}")
+        armed[name] = int(n or 1)
+    return armed
+
+
+_ARMED = _parse(os.environ.get("EOSINK_FAULT"))
+_SEEN: dict[str, int] = {}
+
+
+def fault_point(name: str, *, first_attempt: bool = True) -> None:
+    """Die here with SIGKILL if ``name`` is armed and reached for the armed time.
+
+    Args:
+        name: one of the documented fault points.
+        first_attempt: for executor points, whether this is a task's first attempt
+            (retries never die, so the job can finish).
+    """
+    if not _ARMED or name not in _ARMED or not first_attempt:
+        return
+    _SEEN[name] = _SEEN.get(name, 0) + 1
+    if _SEEN[name] == _ARMED[name]:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,365 @@
+"""The ``file`` sink: Parquet, JSON lines or CSV files under a local directory, exactly once.
+
+Layout under ``path``::
+
+    _eosink_staging/<sink key>/<epoch>/<task attempt>/<partition dirs>/f<n>.<ext>   (staged)
+    <col=value>/.../part-<epoch>-<n>-<token>.<ext>                                (published)
+
+Readers (Spark, pyarrow, pandas) ignore directories starting with ``_``, so staged files are
+invisible. ``commit`` publishes each staged file with an atomic rename (fsync'd) and is
+idempotent: a published file that is present with the committed size counts as done.
+``abort`` deletes the epoch's staging directory; nothing else is ever written.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import decimal
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+import eosink
+from eosink import (
+    CoordinatedSinkWriter,
+    JsonCodec,
+    SchemaMismatchError,
+    SinkCommitCoordinator,
+    SinkError,
+    SinkPlugin,
+    StagedEpochs,
+    WriterContext,
+    fault_point,
+)
+
+log = logging.getLogger("eosink.file")
+
+STAGING_DIR = "_eosink_staging"
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+_EXT = {"parquet": "parquet", "json": "jsonl", "csv": "csv"}
+# Characters escaped in partition directory names (Hive/Spark's set, plus NUL), as %XX.
+_ESCAPE = {chr(c) for c in range(0x00, 0x20)} | set("\"#%'*/:=?\\\x7f{[]^")
+
+
+class FileSinkOptions(BaseModel):
+    """Options of the ``file`` sink.
+
+    Attributes:
+        path: output directory (local filesystem; created if missing).
+        format: ``parquet`` (default), ``json`` (JSON lines) or ``csv``.
+        partition_by: columns giving Hive-style ``col=value/`` directories. Values are
+            escaped (``/`` becomes ``%2F``...) so that no value can leave ``path``.
+        compression: Parquet compression codec.
+        fsync: fsync staged files and published directories (durability on power loss).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(min_length=1)
+    format: Literal["parquet", "json", "csv"] = "parquet"
+    partition_by: tuple[str, ...] = ()
+    compression: str = "snappy"
+    fsync: bool = True
+
+    @field_validator("path")
+    @classmethod
+    def _local_path(cls, v: str) -> str:
+        if "://" in v and not v.startswith("file://"):
+            raise ValueError(
+                "only local paths are supported by the file sink in this version "
+                f"(got {v.split('://')[0]}://)"
+            )
+        return str(Path(v.removeprefix("file://")).expanduser().resolve())
+
+    @field_validator("partition_by", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return (v,) if isinstance(v, str) else v
+
+
+def escape_partition_value(value: str) -> str:
+    """Escape a partition value for a directory name (Hive/Spark style, ``%XX``)."""
+    if value == "":
+        return NULL_PARTITION
+    out = "".join(f"%{ord(ch):02X}" if ch in _ESCAPE else ch for ch in value)
+    # "." and ".." are safe inside "col=..", but never produce them as a whole segment.
+    return out
+
+
+def _partition_segment(value: Any) -> str:
+    if value is None:
+        return NULL_PARTITION
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        value = value.hex()
+    return escape_partition_value(str(value))
+
+
+def sink_key(sink_id: str) -> str:
+    return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, (_dt.datetime, _dt.date, _dt.time)):
+        return v.isoformat()
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode()
+    if isinstance(v, _dt.timedelta):
+        return v.total_seconds()
+    raise TypeError(f"cannot write {type(v).__name__} as JSON")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _OpenFile:
+    """One staged file being written."""
+
+    def __init__(self, path: Path, fmt: str, schema: pa.Schema, opts: FileSinkOptions) -> None:
+        self.path = path
+        self.fmt = fmt
+        self.rows = 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fh = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.writer: Any = None
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            self.writer = pq.ParquetWriter(self.fh, schema, compression=opts.compression)
+        elif fmt == "csv":
+            import pyarrow.csv as pcsv
+
+            self.writer = pcsv.CSVWriter(self.fh, schema)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        if self.fmt == "json":
+            lines = [json.dumps(r, default=_json_default) for r in batch.to_pylist()]
+            self.fh.write(("\n".join(lines) + "\n").encode())
+        else:
+            self.writer.write_batch(batch)
+
+    def close(self, fsync: bool) -> int:
+        if self.writer is not None:
+            self.writer.close()
+        self.fh.flush()
+        if fsync:
+            os.fsync(self.fh.fileno())
+        self.fh.close()
+        return self.path.stat().st_size
+
+
+class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
+    """Stages the rows of one task into one file per partition directory."""
+
+    def __init__(self, opts: FileSinkOptions, ctx: WriterContext) -> None:
+        self.opts = opts
+        self.ctx = ctx
+        self.root = Path(opts.path)
+        self.files: dict[str, _OpenFile] = {}
+        self.epoch = ctx.epoch
+
+    def _stage_dir(self) -> Path:
+        return (
+            self.root / STAGING_DIR / sink_key(self.ctx.sink_id) / str(self.epoch)
+            / self.ctx.attempt_id
+        )
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _file(self, partition: str, schema: pa.Schema) -> _OpenFile:
+        f = self.files.get(partition)
+        if f is None:
+            name = f"f{len(self.files):05d}.{_EXT[self.opts.format]}"
+            path = self._stage_dir() / partition / name if partition else self._stage_dir() / name
+            f = self.files[partition] = _OpenFile(path, self.opts.format, schema, self.opts)
+        return f
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        cols = self.opts.partition_by
+        if not cols:
+            self._file("", batch.schema).write(batch)
+            return
+        segments = []
+        for c in cols:
+            enc = pc.dictionary_encode(batch.column(c))
+            seg_dict = pa.array(
+                [f"{escape_partition_value(c)}={_partition_segment(v)}"
+                 for v in enc.dictionary.to_pylist()],
+                pa.string(),
+            )
+            seg = pc.take(seg_dict, enc.indices)
+            segments.append(pc.fill_null(seg, f"{escape_partition_value(c)}={NULL_PARTITION}"))
+        dirs = pc.binary_join_element_wise(*segments, "/") if len(segments) > 1 else segments[0]
+        enc_dirs = pc.dictionary_encode(dirs)
+        data = batch.drop_columns(list(cols))
+        for i, d in enumerate(enc_dirs.dictionary.to_pylist()):
+            part = data.filter(pc.equal(enc_dirs.indices, i))
+            self._file(d, data.schema).write(part)
+
+    def finish_write(self, epoch: int) -> dict[str, Any]:
+        out = []
+        for partition, f in self.files.items():
+            size = f.close(self.opts.fsync)
+            out.append({
+                "staged": f.path.relative_to(self.root).as_posix(),
+                "partition": partition,
+                "rows": f.rows,
+                "bytes": size,
+            })
+        self.files.clear()
+        return {"files": out}
+
+    def abort_write(self) -> None:
+        for f in self.files.values():
+            try:
+                f.fh.close()
+            except Exception:
+                pass
+        shutil.rmtree(self._stage_dir(), ignore_errors=True)
+
+
+class FileCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], StagedEpochs):
+    """Publishes an epoch's staged files atomically; deletes them on abort."""
+
+    def __init__(self, opts: FileSinkOptions, sink_id: str) -> None:
+        self.opts = opts
+        self.root = Path(opts.path)
+        self.staging = self.root / STAGING_DIR / sink_key(sink_id)
+
+    def init(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def pre_commit(
+        self, epoch: int, results: Sequence[dict[str, Any]], add_columns: Sequence[pa.Field]
+    ) -> dict[str, Any]:
+        token = uuid.uuid4().hex[:12]
+        ext = _EXT[self.opts.format]
+        files = []
+        staged = sorted(
+            (f for r in results for f in r["files"]), key=lambda f: str(f["staged"])
+        )
+        for n, f in enumerate(staged):
+            name = f"part-{epoch:010d}-{n:05d}-{token}.{ext}"
+            final = f"{f['partition']}/{name}" if f["partition"] else name
+            files.append({
+                "staged": f["staged"], "final": final, "rows": f["rows"], "bytes": f["bytes"],
+                "start_epoch": epoch, "end_epoch": epoch,
+            })
+        return {"files": files, "token": token}
+
+    def commit(self, epoch: int, committable: dict[str, Any]) -> None:
+        dirs: set[Path] = set()
+        for i, f in enumerate(committable["files"]):
+            final = self.root / f["final"]
+            staged = self.root / f["staged"]
+            if final.exists():
+                if final.stat().st_size != f["bytes"]:
+                    raise SinkError(
+                        f"epoch {epoch}: {final} exists with an unexpected size; "
+                        "another writer uses this path"
+                    )
+                continue  # already published by an earlier attempt of this commit
+            if not staged.exists():
+                raise SinkError(
+                    f"epoch {epoch}: staged file {staged} is missing and {final} was never "
+                    "published; the epoch's data is lost (was the staging directory deleted?)"
+                )
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(staged, final)
+            dirs.add(final.parent)
+            if i == 0:
+                fault_point("mid_commit")
+        if self.opts.fsync:
+            for d in dirs:
+                _fsync_dir(d)
+        # Leftovers of failed or speculative task attempts of this epoch.
+        shutil.rmtree(self.staging / str(epoch), ignore_errors=True)
+
+    def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
+        target = self.staging / str(epoch)
+        try:
+            victims = sorted(p for p in target.rglob("*") if p.is_file())
+            for i, p in enumerate(victims):
+                p.unlink(missing_ok=True)
+                if i == 0:
+                    fault_point("mid_abort")
+            shutil.rmtree(target, ignore_errors=True)
+        except Exception:
+            log.exception("file sink: abort of epoch %d could not delete %s", epoch, target)
+
+    def staged_epochs(self) -> Iterable[int]:
+        if not self.staging.is_dir():
+            return []
+        return [int(p.name) for p in self.staging.iterdir() if p.name.isdigit()]
+
+
+def validate_schema(opts: FileSinkOptions, schema: pa.Schema) -> None:
+    for c in opts.partition_by:
+        if c not in schema.names:
+            raise SchemaMismatchError(
+                f"partition_by column {c!r} is not in the DataFrame (columns: "
+                f"{', '.join(schema.names)})"
+            )
+        t = schema.field(c).type
+        if pa.types.is_nested(t) or pa.types.is_floating(t):
+            raise SchemaMismatchError(
+                f"column {c!r} of type {t} cannot be a partition column"
+            )
+    if len(opts.partition_by) >= len(schema.names):
+        raise SchemaMismatchError("every column is a partition column: no data column is left")
+    if opts.format == "csv":
+        for field in schema:
+            if pa.types.is_nested(field.type):
+                raise SchemaMismatchError(
+                    f"column {field.name!r} of type {field.type} cannot be written as CSV; "
+                    "use format='parquet' or 'json', or flatten it"
+                )
+
+
+def make_writer(opts: FileSinkOptions, ctx: WriterContext) -> FileWriter:
+    return FileWriter(opts, ctx)
+
+
+def make_coordinator(opts: FileSinkOptions, sink_id: str) -> FileCoordinator:
+    return FileCoordinator(opts, sink_id)
+
+
+SINK: SinkPlugin[FileSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
+    name="file",
+    options_model=FileSinkOptions,
+    writer_factory=make_writer,
+    coordinator_factory=make_coordinator,
+    write_result_codec=JsonCodec(version=1),
+    committable_codec=JsonCodec(version=1),
+    default_sink_id=lambda o: f"file:{o.path}",
+    validate_schema=validate_schema,
+    description="Parquet / JSON lines / CSV files on the local filesystem, Hive partitions",
+)
+
+
+@eosink.hookimpl
+def eosink_sinks() -> list[SinkPlugin[Any, Any, Any]]:
+    return [SINK]
