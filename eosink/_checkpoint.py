@@ -25,6 +25,13 @@ class CheckpointDir:
         self._fs: Any = None
         self._spark = spark
         if self._local is None:
+            if spark is None:
+                from .errors import ConfigError
+
+                raise ConfigError(
+                    f"checkpoint location {location!r} is not local; format('eosink') streams "
+                    "need a local one (eosink.run reads any Hadoop filesystem)"
+                )
             jvm = spark.sparkContext._jvm
             conf = spark.sparkContext._jsc.hadoopConfiguration()
             self._jpath = jvm.org.apache.hadoop.fs.Path

@@ -105,12 +105,13 @@ class SinkRuntime:
             log.exception("sink %s: coordinator close failed", self.sink_id)
 
     # -- recovery ------------------------------------------------------------------------
-    def recover(self, first_epoch: int) -> None:
+    def recover(self, first_epoch: int, keep_staged: frozenset[int] = frozenset()) -> None:
         """Apply the recovery rule before epoch ``first_epoch`` is pre-committed.
 
         PENDING epochs below ``first_epoch`` are checkpointed: commit them. PENDING epochs at
         or above it will be written again: abort them. Then finish every ABORTED epoch and
-        discard data staged for epochs that have no committable.
+        discard data staged for epochs that have no committable (except ``keep_staged``:
+        epochs being written right now).
         """
         t0 = time.perf_counter()
         pending = self.store.epochs(self.sink_id, (PENDING,))
@@ -138,7 +139,7 @@ class SinkRuntime:
             if self._abort(rec.epoch, c):
                 self.store.finish_abort(self.sink_id, self.generation, rec.epoch)
         if isinstance(self.coordinator, StagedEpochs):
-            live = {r.epoch for r in self.store.epochs(self.sink_id, (PENDING,))}
+            live = {r.epoch for r in self.store.epochs(self.sink_id, (PENDING,))} | keep_staged
             for e in sorted(set(self.coordinator.staged_epochs()) - live):
                 log.info("sink %s: discarding data staged for epoch %d", self.sink_id, e)
                 self._abort(e, None)

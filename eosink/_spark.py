@@ -82,14 +82,19 @@ def spark_session(master: str = "local[2]", app_name: str = "eosink", **conf: st
     )
     for k, v in conf.items():
         b = b.config(k.replace("__", "."), v)
-    return b.getOrCreate()
+    spark = b.getOrCreate()
+    from ._datasource import register
+
+    register(spark)
+    return spark
 
 
 def arrow_schema(df: DataFrame) -> pa.Schema:
     """The Arrow schema Spark's ``mapInArrow`` hands to writers for ``df``."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    return to_arrow_schema(df.schema)
+    tz = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+    return to_arrow_schema(df.schema, timezone=tz)
 
 
 # ---------------------------------------------------------------------------------------

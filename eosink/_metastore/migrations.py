@@ -16,6 +16,9 @@ from ..errors import SchemaOutdatedError
 
 log = logging.getLogger("eosink.metastore")
 
+if logging.getLogger("alembic").level == logging.NOTSET:
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # one line per open is noise
+
 _PKG = Path(__file__).resolve().parent.parent
 
 
@@ -67,7 +70,6 @@ def ensure_schema(conn: Connection, *, create: bool) -> None:
         return
     if cur is None and not inspect(conn).has_table("pending_sink_state") and create:
         log.info("creating eosink meta store schema (revision %s)", head)
-        logging.getLogger("alembic").setLevel(logging.WARNING)
         upgrade(conn)
         return
     url = conn.engine.url.render_as_string(hide_password=True)

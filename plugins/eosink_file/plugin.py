@@ -85,16 +85,15 @@ class FileSinkOptions(BaseModel):
     @field_validator("partition_by", mode="before")
     @classmethod
     def _one_or_many(cls, v: Any) -> Any:
-        return (v,) if isinstance(v, str) else v
+        if isinstance(v, str):  # "a,b" as written in Spark's .option("partition_by", "a,b")
+            return tuple(c.strip() for c in v.split(",") if c.strip())
+        return v
 
 
 def escape_partition_value(value: str) -> str:
     """Escape a partition value for a directory name (Hive/Spark style, ``%XX``)."""
-    if value == "":
-        return NULL_PARTITION
-    out = "".join(f"%{ord(ch):02X}" if ch in _ESCAPE else ch for ch in value)
-    # "." and ".." are safe inside "col=..", but never produce them as a whole segment.
-    return out
+    # "." and ".." are harmless: a directory is always "col=<value>", never a bare "..".
+    return "".join(f"%{ord(ch):02X}" if ch in _ESCAPE else ch for ch in value)
 
 
 def _partition_segment(value: Any) -> str:
@@ -104,7 +103,8 @@ def _partition_segment(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, bytes):
         value = value.hex()
-    return escape_partition_value(str(value))
+    text = str(value)
+    return escape_partition_value(text) if text else NULL_PARTITION
 
 
 def sink_key(sink_id: str) -> str:

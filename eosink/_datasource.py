@@ -1,0 +1,261 @@
+"""Spark's own idiom: ``df.write.format("eosink")`` and ``df.writeStream.format("eosink")``.
+
+A Python data source (``pyspark.sql.datasource``) that drives the same writers, coordinator
+and meta store as :func:`eosink.run`. Spark calls the driver side of a Python data source in
+short-lived worker processes, so this path is stateless between calls and commits *inline*:
+each micro-batch's ``commit`` persists PENDING, commits and marks COMMITTED before Spark
+checkpoints the batch. Recovery runs in every ``commit``: PENDING epochs left by a crash hold
+complete data and are committed; a replayed committed epoch's output is discarded.
+
+Options (strings, as Spark passes them): ``sink`` (required), ``sink_id``, ``metastore_url``,
+``epoch`` (batch), ``new_checkpoint`` (streaming), ``checkpointLocation`` (streaming) and the
+sink's own options. List values are written ``a,b`` or as JSON (``["a","b"]``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from ._checkpoint import CheckpointDir
+from ._metastore import COMMITTED, PENDING, MetaStore, default_url
+from ._protocol import SinkRuntime
+from .errors import ConfigError
+from .faults import fault_point
+from .registry import get_sink
+from .sink import SinkPlugin, WriterContext
+
+log = logging.getLogger("eosink")
+
+__all__ = ["EosinkDataSource", "register"]
+
+_CORE_KEYS = {"sink", "sink_id", "metastore_url", "epoch", "new_checkpoint", "checkpointlocation",
+              "path"}
+
+
+@dataclass
+class _Message(WriterCommitMessage):  # type: ignore[misc]
+    result: bytes | None
+    rows: int
+
+
+def _value(v: str) -> Any:
+    s = v.strip()
+    if s[:1] in "[{":
+        try:
+            return json.loads(s)
+        except ValueError:
+            return v
+    return v
+
+
+@dataclass(frozen=True)
+class _Setup:
+    plugin: SinkPlugin[Any, Any, Any]
+    options: Any
+    sink_id: str
+    metastore_url: str
+
+
+def _setup(raw: dict[str, str], checkpoint: str | None) -> _Setup:
+    opts = {k.lower(): v for k, v in raw.items()}
+    name = opts.get("sink")
+    if not name:
+        raise ConfigError('format("eosink") needs .option("sink", "<name>")')
+    plugin = get_sink(name)
+    sink_opts = {k: _value(v) for k, v in opts.items() if k not in _CORE_KEYS}
+    if "path" in opts:
+        sink_opts["path"] = opts["path"]
+    options = plugin.parse_options(sink_opts)
+    return _Setup(
+        plugin,
+        options,
+        opts.get("sink_id") or plugin.default_sink_id(options),
+        opts.get("metastore_url") or default_url(checkpoint),
+    )
+
+
+def _runtime(s: _Setup) -> SinkRuntime:
+    rt = SinkRuntime(s.plugin, s.options, s.sink_id, MetaStore(s.metastore_url))
+    rt.start()
+    return rt
+
+
+def _close(rt: SinkRuntime) -> None:
+    rt.close()
+    rt.store.close()
+
+
+def _write(s: _Setup, epoch: int, skip: bool, batches: Iterator[pa.RecordBatch]) -> _Message:
+    from pyspark import TaskContext
+
+    if skip:
+        for _ in batches:
+            pass
+        return _Message(None, 0)
+    tc = TaskContext.get()
+    part = tc.partitionId() if tc else 0
+    attempt = tc.attemptNumber() if tc else 0
+    ctx = WriterContext(s.sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}")
+    writer = s.plugin.writer_factory(s.options, ctx)
+    rows = 0
+    try:
+        writer.begin_epoch(epoch)
+        for b in batches:
+            rows += b.num_rows
+            writer.write_batch(b)
+        fault_point("task_before_finish", first_attempt=attempt == 0)
+        result = writer.finish_write(epoch)
+    except BaseException:
+        writer.abort_write()
+        raise
+    return _Message(s.plugin.write_result_codec.encode(result), rows)
+
+
+def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], schema: pa.Schema) -> None:
+    codec = rt.plugin.write_result_codec
+    msgs = [m for m in messages if isinstance(m, _Message) and m.result is not None]
+    results = [codec.decode(m.result, codec.version) for m in msgs]
+    committable, fig = rt.pre_commit(
+        epoch, results, rt.add_columns(schema), rows=sum(m.rows for m in msgs), write_s=0.0
+    )
+    rt.commit_epoch(epoch, committable, fig)
+
+
+def _arrow(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+class _BatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+    def __init__(self, s: _Setup, epoch: int, skip: bool, schema: pa.Schema) -> None:
+        self.s, self.epoch, self.skip, self.schema = s, epoch, skip, schema
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> _Message:
+        return _write(self.s, self.epoch, self.skip, iterator)
+
+    def commit(self, messages: list[Any]) -> None:
+        rt = _runtime(self.s)
+        try:
+            if self.skip:
+                log.info("sink %s epoch %d: already committed; output discarded", rt.sink_id,
+                         self.epoch)
+                rt._abort(self.epoch, None)
+                return
+            _commit_inline(rt, self.epoch, messages, self.schema)
+        finally:
+            _close(rt)
+
+    def abort(self, messages: list[Any]) -> None:
+        rt = _runtime(self.s)
+        try:
+            rt._abort(self.epoch, None)
+        finally:
+            _close(rt)
+
+
+class _StreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+    def __init__(self, s: _Setup, base: int, schema: pa.Schema) -> None:
+        self.s, self.base, self.schema = s, base, schema
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> _Message:
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        batch_id = int(tc.getLocalProperty("streaming.sql.batchId") or 0) if tc else 0
+        return _write(self.s, self.base + batch_id, False, iterator)
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+        epoch = self.base + batchId
+        rt = _runtime(self.s)
+        try:
+            # Inline-mode recovery: PENDING epochs left by a crash hold complete data.
+            rt.recover(
+                first_epoch=epoch + 1 if rt.status_of(epoch) == PENDING else epoch,
+                keep_staged=frozenset({epoch}),
+            )
+            if rt.status_of(epoch) == COMMITTED or rt.is_committed(epoch):
+                log.info("sink %s epoch %d: replay of a committed epoch; output discarded",
+                         rt.sink_id, epoch)
+                rt._abort(epoch, None)
+                return
+            _commit_inline(rt, epoch, messages, self.schema)
+        finally:
+            _close(rt)
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        rt = _runtime(self.s)
+        try:
+            if rt.status_of(self.base + batchId) is None:
+                rt._abort(self.base + batchId, None)
+        finally:
+            _close(rt)
+
+
+class EosinkDataSource(DataSource):  # type: ignore[misc]
+    """``format("eosink")``: exactly-once writes through an eosink sink plugin."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "eosink"
+
+    def writer(self, schema: StructType, overwrite: bool) -> _BatchWriter:
+        if overwrite:
+            raise ConfigError('format("eosink") appends exactly once; use mode("append")')
+        s = _setup(dict(self.options), None)
+        arrow = _arrow(schema)
+        if s.plugin.validate_schema is not None:
+            s.plugin.validate_schema(s.options, arrow)
+        rt = _runtime(s)
+        try:
+            raw = dict(self.options).get("epoch")
+            epoch = int(raw) if raw is not None else rt.store.max_epoch(s.sink_id) + 1
+            skip = rt.is_committed(epoch)
+            if rt.status_of(epoch) == PENDING:
+                rt.recover(first_epoch=epoch + 1)  # a crashed run's complete epoch: finish it
+                skip = True
+            elif not skip:
+                rt.recover(first_epoch=epoch)
+        finally:
+            _close(rt)
+        return _BatchWriter(s, epoch, skip, arrow)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:  # noqa: N802
+        opts = {k.lower(): v for k, v in dict(self.options).items()}
+        checkpoint = opts.get("checkpointlocation")
+        if not checkpoint:
+            raise ConfigError('format("eosink") streams need .option("checkpointLocation", ...)')
+        s = _setup(opts, checkpoint)
+        arrow = _arrow(schema)
+        if s.plugin.validate_schema is not None:
+            s.plugin.validate_schema(s.options, arrow)
+        from pyspark.sql import SparkSession
+
+        from ._spark import _epoch_base
+
+        rt = _runtime(s)
+        try:
+            ckpt = CheckpointDir(SparkSession.getActiveSession(), checkpoint)
+            base = _epoch_base(rt, ckpt, opts.get("new_checkpoint", "refuse"))
+        finally:
+            _close(rt)
+        return _StreamWriter(s, base, arrow)
+
+
+def register(spark: Any) -> None:
+    """Register ``format("eosink")`` with a SparkSession (``eosink.spark_session`` does it)."""
+    spark.dataSource.register(EosinkDataSource)
