@@ -38,6 +38,7 @@ class EpochFigures:
     bytes: int = 0
     write_s: float = 0.0
     pre_commit_ms: float = 0.0
+    persist_ms: float = 0.0
     commit_ms: float = 0.0
     batch_end_at: float = 0.0
     committed_at: float = 0.0
@@ -207,12 +208,14 @@ class SinkRuntime:
             self.sink_id, self.generation, epoch, data, self.plugin.committable_codec.version,
             rows=rows, files=files, nbytes=nbytes, batch_end_at=batch_end, pre_commit_ms=pre_ms,
         )
-        fig = EpochFigures(epoch, rows, files, nbytes, write_s=write_s,
-                           pre_commit_ms=(time.perf_counter() - t0) * 1000, batch_end_at=batch_end)
+        fig = EpochFigures(epoch, rows, files, nbytes, write_s=write_s, pre_commit_ms=pre_ms,
+                           persist_ms=(time.perf_counter() - t0) * 1000 - pre_ms,
+                           batch_end_at=batch_end)
         self.figures[epoch] = fig
         log.info(
-            "sink %s epoch %d: PENDING (rows=%d files=%d bytes=%d write=%.3fs pre_commit=%.1fms)",
-            self.sink_id, epoch, rows, files, nbytes, write_s, fig.pre_commit_ms,
+            "sink %s epoch %d: PENDING (rows=%d files=%d bytes=%d write=%.3fs pre_commit=%.1fms "
+            "persist=%.1fms)",
+            self.sink_id, epoch, rows, files, nbytes, write_s, fig.pre_commit_ms, fig.persist_ms,
         )
         fault_point("after_persist")
         return committable, fig

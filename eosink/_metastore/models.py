@@ -46,7 +46,7 @@ class EpochRow(Base):
     generation: Mapped[int] = mapped_column(BigInteger)
     rows: Mapped[int] = mapped_column(BigInteger, default=0)
     files: Mapped[int] = mapped_column(Integer, default=0)
-    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    nbytes: Mapped[int] = mapped_column("bytes", BigInteger, default=0)
     batch_end_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     pre_commit_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     commit_ms: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -360,7 +360,7 @@ class MetaStore:
                             generation=generation,
                             rows=rows,
                             files=files,
-                            bytes=nbytes,
+                            nbytes=nbytes,
                             batch_end_at=batch_end_at,
                             pre_commit_ms=pre_commit_ms,
                             created_at=now,

@@ -1,0 +1,63 @@
+"""A Spark driver program that the crash tests start, kill with SIGKILL and restart.
+
+It writes the Parquet files of --input to the file sink exactly once, as a batch job (one
+explicit epoch) or a stream (one micro-batch per input file), then exits 0. It prints
+nothing the tests rely on; they check the output with independent readers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+os.environ["PYSPARK_PYTHON"] = sys.executable
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=["batch", "stream", "ds-stream"], required=True)
+    p.add_argument("--input", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--metastore", required=True)
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--commit-mode", default="after_checkpoint")
+    p.add_argument("--partition-by", default="")
+    p.add_argument("--format", default="parquet")
+    a = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+    import eosink
+
+    spark = eosink.spark_session(a.master, app_name="eosink-crashjob")
+    spark.sparkContext.setLogLevel("ERROR")
+    schema = "id long, grp string, payload string"
+    opts = {"path": a.out, "format": a.format, "metastore_url": a.metastore}
+    if a.partition_by:
+        opts["partition_by"] = a.partition_by.split(",")
+    if a.mode == "batch":
+        df = spark.read.schema(schema).parquet(a.input).repartition(3)
+        r = eosink.run(df, sink="file", epoch=5, **opts)
+        print("RESULT", r, flush=True)
+    elif a.mode == "stream":
+        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
+        h = eosink.run(sdf, sink="file", checkpoint_location=a.checkpoint,
+                       trigger={"availableNow": True}, commit_mode=a.commit_mode, **opts)
+        h.await_termination()
+        print("RESULT", [f.as_dict() for f in h.figures], flush=True)
+    else:
+        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
+        w = sdf.writeStream.format("eosink").option("sink", "file")
+        for k, v in opts.items():
+            w = w.option(k, ",".join(v) if isinstance(v, list) else v)
+        q = w.option("checkpointLocation", a.checkpoint).trigger(availableNow=True).start()
+        q.awaitTermination()
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

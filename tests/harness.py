@@ -1,0 +1,125 @@
+"""Helpers of the crash tests: input data, driver subprocesses, independent verification."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+TESTS = Path(__file__).resolve().parent
+GROUPS = ["fr", "de/at", "..", "x%y", ""]
+
+
+def make_input(directory: Path, files: int = 6, rows: int = 400) -> list[int]:
+    """Parquet input files with distinct ids; returns every id."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ids: list[int] = []
+    for f in range(files):
+        chunk = list(range(f * rows, (f + 1) * rows))
+        ids += chunk
+        pq.write_table(
+            pa.table({
+                "id": pa.array(chunk, pa.int64()),
+                "grp": [GROUPS[i % len(GROUPS)] for i in chunk],
+                "payload": [f"payload-{i}" for i in chunk],
+            }),
+            directory / f"in-{f:03d}.parquet",
+        )
+    return ids
+
+
+class Job:
+    """One driver program (tests/crashjob.py) with its paths."""
+
+    def __init__(self, tmp: Path, mode: str, metastore: str, **extra: str) -> None:
+        self.tmp = tmp
+        self.mode = mode
+        self.input = tmp / "input"
+        self.out = tmp / "out"
+        self.checkpoint = tmp / "checkpoint"
+        self.metastore = metastore
+        self.extra = extra
+        self.logs: list[str] = []
+
+    def argv(self) -> list[str]:
+        args = [sys.executable, str(TESTS / "crashjob.py"), "--mode", self.mode,
+                "--input", str(self.input), "--out", str(self.out),
+                "--checkpoint", str(self.checkpoint), "--metastore", self.metastore]
+        for k, v in self.extra.items():
+            args += [f"--{k.replace('_', '-')}", v]
+        return args
+
+    def run(self, fault: str | None = None, kill_after: float | None = None,
+            timeout: float = 300) -> int:
+        """Run the driver; with ``fault`` it must die by SIGKILL at that point.
+
+        ``kill_after`` kills the whole driver (Python and JVM) after that many seconds.
+        Returns the exit code (-9 when killed).
+        """
+        env = dict(os.environ)
+        env.pop("EOSINK_FAULT", None)
+        # Short-lived drivers start faster with the C1 JIT only.
+        env.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        if fault:
+            env["EOSINK_FAULT"] = fault
+        log = self.tmp / f"run-{len(self.logs)}.log"
+        with open(log, "w") as fh:
+            proc = subprocess.Popen(self.argv(), env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+            try:
+                code = proc.wait(timeout=kill_after if kill_after is not None else timeout)
+            except subprocess.TimeoutExpired:
+                if kill_after is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    raise AssertionError(f"driver timed out; log {log}") from None
+                os.killpg(proc.pid, signal.SIGKILL)
+                code = proc.wait()
+            finally:
+                # The driver is gone: make sure its JVM and Python workers are too.
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                time.sleep(0.2)
+        self.logs.append(log.read_text())
+        return code
+
+    def last_log(self) -> str:
+        return self.logs[-1][-6000:] if self.logs else ""
+
+
+def read_ids(out: Path, partitioned: bool = False) -> list[int]:
+    """Read the output back with pyarrow (the independent reader)."""
+    if not out.exists():
+        return []
+    dataset = ds.dataset(out, format="parquet",
+                         partitioning="hive" if partitioned else None)
+    return sorted(dataset.to_table(columns=["id"]).column("id").to_pylist())
+
+
+def staged_files(out: Path) -> list[str]:
+    return sorted(str(p) for p in out.rglob("*") if p.is_file() and "_eosink_staging" in p.parts)
+
+
+def epoch_states(metastore: str) -> dict[str, list[Any]]:
+    import sqlalchemy as sa
+
+    eng = sa.create_engine(metastore)
+    try:
+        with eng.connect() as c:
+            rows = c.execute(sa.text("select status, epoch from pending_sink_state")).all()
+    finally:
+        eng.dispose()
+    out: dict[str, list[Any]] = {}
+    for status, epoch in rows:
+        out.setdefault(status, []).append(epoch)
+    return out
