@@ -151,6 +151,7 @@ class SinkRuntime:
 
     def _abort(self, epoch: int, committable: Any) -> bool:
         """Call the plugin's abort; False (row stays ABORTED, retried next start) if it raised."""
+        self.store.assert_live(self.sink_id, self.generation)
         try:
             self.coordinator.abort(epoch, committable)
             return True
@@ -224,6 +225,7 @@ class SinkRuntime:
         """Phase 2: commit (retried with backoff while transient) and mark COMMITTED."""
         fig = fig or self.figures.get(epoch) or EpochFigures(epoch)
         fault_point("before_commit")
+        self.store.assert_live(self.sink_id, self.generation)
         t0 = time.perf_counter()
         delay = 0.05
         deadline = time.monotonic() + self.commit_retry_max_s

@@ -99,7 +99,9 @@ class Job:
 
 def read_ids(out: Path, partitioned: bool = False) -> list[int]:
     """Read the output back with pyarrow (the independent reader)."""
-    if not out.exists():
+    if not out.exists() or not any(
+        p.is_file() and "_eosink_staging" not in p.parts for p in out.rglob("*")
+    ):
         return []
     dataset = ds.dataset(out, format="parquet",
                          partitioning="hive" if partitioned else None)

@@ -187,6 +187,15 @@ class MetaStore:
                 "newer one; it stops without changing any state"
             )
 
+    def assert_live(self, sink_id: str, generation: int) -> None:
+        """Raise :class:`FencedError` if a newer coordinator acquired ``sink_id``.
+
+        Called right before a plugin's commit or abort, so a fenced zombie never touches the
+        target.
+        """
+        with self._tx() as conn:
+            self._fence(conn, sink_id, generation)
+
     # -- sinks ---------------------------------------------------------------------------
     def acquire(self, sink_id: str, plugin: str, options_json: str | None = None) -> SinkRecord:
         """Become the live coordinator of ``sink_id``: bump its generation (fencing any other)."""

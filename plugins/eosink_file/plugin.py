@@ -235,9 +235,12 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
     def abort_write(self) -> None:
         for f in self.files.values():
             try:
+                if f.writer is not None:
+                    f.writer.close()
                 f.fh.close()
             except Exception:
                 pass
+        self.files.clear()
         shutil.rmtree(self._stage_dir(), ignore_errors=True)
 
 

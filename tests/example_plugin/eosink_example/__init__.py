@@ -63,6 +63,9 @@ class Coordinator(eosink.SinkCommitCoordinator[dict[str, Any], dict[str, Any]],
     def __init__(self, opts: Options, sink_id: str) -> None:
         self.root = Path(opts.path)
 
+    def init(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]],
                    add_columns: Sequence[pa.Field]) -> dict[str, Any]:
         return {"files": sorted(r["file"] for r in results if r["rows"]),

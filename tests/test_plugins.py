@@ -1,0 +1,200 @@
+"""Plugin discovery, the third-party example plugin, and the conformance suite."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+import eosink
+from eosink import ConfigError, UnknownSinkError, get_sink, list_sinks
+from eosink.testing import SinkConformance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_builtin_and_third_party_sinks_are_discovered() -> None:
+    sinks = {s.name: s for s in list_sinks()}
+    assert sinks["file"].package == "eosink"
+    assert sinks["file"].version == eosink.__version__
+    assert sinks["jsonl_dir"].package == "eosink-example"
+    assert sinks["jsonl_dir"].version == "0.1.0"
+
+
+def test_plugins_cli_lists_name_package_version() -> None:
+    out = subprocess.run([sys.executable, "-m", "eosink._cli", "plugins", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    listed = {s["name"]: s for s in json.loads(out)}
+    assert listed["jsonl_dir"]["package"] == "eosink-example"
+    assert listed["file"]["version"] == eosink.__version__
+    text = subprocess.run([sys.executable, "-m", "eosink._cli", "plugins"],
+                          capture_output=True, text=True, check=True).stdout
+    assert re.search(r"^file\s+eosink\s+0\.1\.0", text, re.M)
+
+
+def test_unknown_sink_lists_installed() -> None:
+    with pytest.raises(UnknownSinkError) as exc:
+        get_sink("icebreg")
+    assert "unknown sink 'icebreg'" in str(exc.value)
+    assert "file" in str(exc.value) and "jsonl_dir" in str(exc.value)
+    assert isinstance(exc.value, ConfigError)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"path": "/tmp/x", "format": "xml"}, "format"),
+        ({"path": "/tmp/x", "colour": "red"}, "colour"),
+        ({"format": "json"}, "path"),
+        ({"path": ""}, "path"),
+        ({"path": "s3://bucket/x"}, "path"),
+    ],
+)
+def test_invalid_options_name_the_field(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        get_sink("file").parse_options(options)
+    assert f"{field}:" in str(exc.value)
+    assert "invalid options for sink 'file'" in str(exc.value)
+
+
+def test_every_hook_is_documented() -> None:
+    from eosink import hookspecs
+
+    hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction)
+             if n.startswith("eosink_")]
+    assert hooks, "no hookspecs found"
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    for name in hooks:
+        assert getattr(hookspecs, name).__doc__, f"hook {name} has no docstring"
+        assert f"`{name}`" in doc, f"hook {name} is not documented in docs/plugins.md"
+
+
+def test_public_api_is_small_and_exported() -> None:
+    for name in eosink.__all__:
+        assert hasattr(eosink, name), name
+    assert all(not n.startswith("_") or n == "__version__" for n in eosink.__all__)
+
+
+def test_epoch_committed_hook_reaches_plugins(tmp_path: Path) -> None:
+    from eosink._metastore import MetaStore
+    from eosink._protocol import SinkRuntime
+    from eosink.registry import plugin_manager
+
+    seen: list[tuple[str, int, dict[str, Any]]] = []
+
+    class Listener:
+        @eosink.hookimpl
+        def eosink_epoch_committed(self, sink_id: str, epoch: int,
+                                   figures: dict[str, Any]) -> None:
+            seen.append((sink_id, epoch, figures))
+
+    pm = plugin_manager()
+    listener = Listener()
+    pm.register(listener)
+    try:
+        plugin = get_sink("jsonl_dir")
+        rt = SinkRuntime(plugin, plugin.parse_options({"path": str(tmp_path / "o")}), "hook",
+                         MetaStore(f"sqlite:///{tmp_path / 'm.db'}"))
+        rt.start()
+        c, _ = rt.pre_commit(0, [], [], rows=0, write_s=0.0)
+        rt.commit_epoch(0, c)
+    finally:
+        pm.unregister(listener)
+    assert [(s, e) for s, e, _ in seen] == [("hook", 0)]
+    assert {"rows", "commit_ms", "visibility_lag_s"} <= set(seen[0][2])
+
+
+# --- the conformance suite, run for every sink shipped or installed here ------------------
+def _read_files(root: Path, fmt: str, partitioned: bool) -> list[dict[str, Any]]:
+    if not root.exists():
+        return []
+    if fmt == "json":
+        rows = []
+        for f in sorted(root.rglob("*.jsonl")):
+            if "_eosink_staging" not in f.parts:
+                rows += [json.loads(line) for line in f.read_text().splitlines()]
+        return rows
+    table = ds.dataset(root, format=fmt, partitioning="hive" if partitioned else None,
+                       exclude_invalid_files=False).to_table()
+    return table.to_pylist()
+
+
+class _FileConformance(SinkConformance):
+    sink_name = "file"
+    fmt = "parquet"
+    partition_by: tuple[str, ...] = ()
+
+    def make_options(self, tmp_path: Path) -> dict[str, Any]:
+        return {"path": str(tmp_path / "out"), "format": self.fmt,
+                "partition_by": list(self.partition_by)}
+
+    def read_rows(self, options: Any) -> list[dict[str, Any]]:
+        return _read_files(Path(options.path), self.fmt, bool(self.partition_by))
+
+    def leftovers(self, options: Any) -> list[str]:
+        return [str(p) for p in Path(options.path).rglob("*")
+                if p.is_file() and "_eosink_staging" in p.parts]
+
+
+class TestFileParquetConformance(_FileConformance):
+    pass
+
+
+class TestFileJsonConformance(_FileConformance):
+    fmt = "json"
+
+
+class TestFileCsvConformance(_FileConformance):
+    fmt = "csv"
+
+
+class TestFilePartitionedConformance(_FileConformance):
+    partition_by = ("name",)
+
+
+class TestJsonlDirConformance(SinkConformance):
+    sink_name = "jsonl_dir"
+
+    def make_options(self, tmp_path: Path) -> dict[str, Any]:
+        return {"path": str(tmp_path / "out")}
+
+    def read_rows(self, options: Any) -> list[dict[str, Any]]:
+        root = Path(options.path)
+        return [json.loads(line) for f in sorted(root.glob("epoch-*.jsonl"))
+                for line in f.read_text().splitlines()]
+
+    def leftovers(self, options: Any) -> list[str]:
+        return [str(p) for p in (Path(options.path) / ".staging").rglob("*") if p.is_file()]
+
+
+def test_partition_values_cannot_escape_path(tmp_path: Path) -> None:
+    """Values with '/', '..', NUL, '=' land in one escaped directory under path, round-trip."""
+    from eosink.testing import drive_writers
+
+    plugin = get_sink("file")
+    opts = plugin.parse_options({"path": str(tmp_path / "out"), "partition_by": ["k"]})
+    values = ["a/b", "..", "../../etc", "x\x00y", "k=v", "%2F", "", None, "ok"]
+    batch = pa.record_batch({"k": pa.array(values), "n": pa.array(range(len(values)))})
+    results = drive_writers(plugin, opts, "esc", 0, [[batch]])
+    coord = plugin.coordinator_factory(opts, "esc")
+    coord.commit(0, coord.pre_commit(0, results, []))
+    root = (tmp_path / "out").resolve()
+    files = [p for p in root.rglob("*.parquet")]
+    assert len(files) == len(values) - 1  # "" and None share the default partition
+    for f in files:
+        assert f.resolve().is_relative_to(root)
+        assert f.parent.parent == root, f  # exactly one directory level: k=<escaped>
+    assert not any(p.name == ".." for p in root.rglob("*"))
+    table = ds.dataset(root, format="parquet", partitioning=ds.HivePartitioning(
+        pa.schema([("k", pa.string())]), null_fallback="__HIVE_DEFAULT_PARTITION__")).to_table()
+    got = {r["n"]: r["k"] for r in table.to_pylist()}
+    for n, v in enumerate(values):
+        assert got[n] == (v or None), (n, v, got[n])
