@@ -34,6 +34,9 @@ def main() -> int:
 
     spark = eosink.spark_session(a.master, app_name="eosink-crashjob")
     spark.sparkContext.setLogLevel("ERROR")
+    # Executors registered with the driver (the driver itself is not counted).
+    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+    print(f"EXECUTORS {executors}", flush=True)
     schema = "id long, grp string, payload string"
     opts = {"path": a.out, "format": a.format, "metastore_url": a.metastore}
     if a.partition_by:

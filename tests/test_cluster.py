@@ -1,0 +1,37 @@
+"""The same machinery, unchanged, on a multi-process Spark cluster on 127.0.0.1.
+
+``local-cluster[2,1,1024]`` starts a master and two executor JVMs as separate processes:
+writers run in the executors' Python workers, the coordinator in the driver.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness import Job, epoch_states, make_input, read_ids, staged_files
+
+pytestmark = pytest.mark.cluster
+
+MASTER = "local-cluster[2,1,1024]"
+
+
+def _executors(log: str) -> int:
+    m = re.search(r"EXECUTORS (\d+)", log)
+    assert m, log[-3000:]
+    return int(m.group(1))
+
+
+@pytest.mark.parametrize("mode", ["stream", "batch"])
+def test_cluster_exactly_once_after_driver_crash(tmp_path: Path, pg_url: str, mode: str) -> None:
+    job = Job(tmp_path, mode, pg_url, master=MASTER, partition_by="grp")
+    expected = make_input(job.input)
+    fault = "after_persist@2" if mode == "stream" else "mid_commit"
+    assert job.run(fault=fault) == -9, job.last_log()
+    assert job.run() == 0, job.last_log()
+    assert _executors(job.logs[-1]) == 2
+    assert read_ids(job.out, partitioned=True) == expected
+    assert staged_files(job.out) == []
+    assert "PENDING" not in epoch_states(pg_url)
