@@ -1,14 +1,15 @@
 """eosink: exactly-once sinks for PySpark pipelines.
 
-    import eosink
-    eosink.run(df, sink="file", path="/data/out", epoch=1)              # batch
-    h = eosink.run(sdf, sink="file", path="/data/out",
-                   checkpoint_location="/chk/out")                      # streaming
-    h.await_termination()
+import eosink
+eosink.run(df, sink="file", path="/data/out", epoch=1)              # batch
+h = eosink.run(sdf, sink="file", path="/data/out",
+               checkpoint_location="/chk/out")                      # streaming
+h.await_termination()
 """
 
 from __future__ import annotations
 
+from ._datasource import register as register_datasource
 from ._protocol import EpochFigures
 from ._spark import BatchResult, StreamingHandle, run, spark_session
 from .errors import (
@@ -73,6 +74,7 @@ __all__ = [
     "get_sink",
     "hookimpl",
     "list_sinks",
+    "register_datasource",
     "run",
     "spark_session",
 ]

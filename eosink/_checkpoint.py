@@ -70,9 +70,9 @@ class CheckpointDir:
             return None
         stream = self._fs.open(p)
         try:
-            data = bytes(self._spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toByteArray(
-                stream
-            ))
+            data = bytes(
+                self._spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
+            )
         finally:
             stream.close()
         return str(json.loads(data)["lineage"])

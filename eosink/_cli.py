@@ -16,7 +16,10 @@ __all__ = ["main"]
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+
+    def line(r: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()
+
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
@@ -27,8 +30,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([s.__dict__ for s in sinks], indent=2))
         return 0
-    print(_table([[s.name, s.package, s.version, s.description] for s in sinks],
-                 ["sink", "package", "version", "description"]))
+    print(
+        _table(
+            [[s.name, s.package, s.version, s.description] for s in sinks],
+            ["sink", "package", "version", "description"],
+        )
+    )
     return 0
 
 
@@ -50,29 +57,31 @@ def cmd_status(args: argparse.Namespace) -> int:
             pending = [e.epoch for e in store.epochs(s.sink_id, (PENDING,))]
             aborted = [e.epoch for e in store.epochs(s.sink_id, (ABORTED,))]
             recent = store.epochs(s.sink_id, (COMMITTED,), limit=args.recent)
-            out.append({
-                "sink_id": s.sink_id,
-                "plugin": s.plugin,
-                "generation": s.generation,
-                "owner": s.owner,
-                "last_committed_epoch": s.high_water if s.high_water >= 0 else None,
-                "committed_epochs": s.committed_epochs,
-                "pending_epochs": pending,
-                "aborted_epochs": aborted,
-                "recent_commits": [
-                    {
-                        "epoch": r.epoch,
-                        "rows": r.rows,
-                        "files": r.files,
-                        "pre_commit_ms": round(r.pre_commit_ms or 0.0, 2),
-                        "commit_ms": round(r.commit_ms or 0.0, 2),
-                        "visibility_lag_s": round(
-                            (r.committed_at or 0.0) - (r.batch_end_at or 0.0), 3
-                        ),
-                    }
-                    for r in reversed(recent)
-                ],
-            })
+            out.append(
+                {
+                    "sink_id": s.sink_id,
+                    "plugin": s.plugin,
+                    "generation": s.generation,
+                    "owner": s.owner,
+                    "last_committed_epoch": s.high_water if s.high_water >= 0 else None,
+                    "committed_epochs": s.committed_epochs,
+                    "pending_epochs": pending,
+                    "aborted_epochs": aborted,
+                    "recent_commits": [
+                        {
+                            "epoch": r.epoch,
+                            "rows": r.rows,
+                            "files": r.files,
+                            "pre_commit_ms": round(r.pre_commit_ms or 0.0, 2),
+                            "commit_ms": round(r.commit_ms or 0.0, 2),
+                            "visibility_lag_s": round(
+                                (r.committed_at or 0.0) - (r.batch_end_at or 0.0), 3
+                            ),
+                        }
+                        for r in reversed(recent)
+                    ],
+                }
+            )
     finally:
         store.close()
     if args.json:
@@ -82,17 +91,35 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not out:
         print("no sinks recorded yet")
     for s in out:
-        print(f"\nsink {s['sink_id']} (plugin {s['plugin']}, generation {s['generation']}, "
-              f"owner {s['owner']})")
-        print(f"  last committed epoch: {s['last_committed_epoch']}  "
-              f"committed epochs: {s['committed_epochs']}")
-        print(f"  pending: {s['pending_epochs'] or 'none'}  aborted: {s['aborted_epochs'] or 'none'}")
+        print(
+            f"\nsink {s['sink_id']} (plugin {s['plugin']}, generation {s['generation']}, "
+            f"owner {s['owner']})"
+        )
+        print(
+            f"  last committed epoch: {s['last_committed_epoch']}  "
+            f"committed epochs: {s['committed_epochs']}"
+        )
+        print(
+            f"  pending: {s['pending_epochs'] or 'none'}  aborted: {s['aborted_epochs'] or 'none'}"
+        )
         if s["recent_commits"]:
-            rows = [[str(r["epoch"]), str(r["rows"]), str(r["files"]), f"{r['pre_commit_ms']:.1f}",
-                     f"{r['commit_ms']:.1f}", f"{r['visibility_lag_s']:.3f}"]
-                    for r in s["recent_commits"]]
-            print("  " + _table(rows, ["epoch", "rows", "files", "pre_commit_ms", "commit_ms",
-                                       "lag_s"]).replace("\n", "\n  "))
+            rows = [
+                [
+                    str(r["epoch"]),
+                    str(r["rows"]),
+                    str(r["files"]),
+                    f"{r['pre_commit_ms']:.1f}",
+                    f"{r['commit_ms']:.1f}",
+                    f"{r['visibility_lag_s']:.3f}",
+                ]
+                for r in s["recent_commits"]
+            ]
+            print(
+                "  "
+                + _table(
+                    rows, ["epoch", "rows", "files", "pre_commit_ms", "commit_ms", "lag_s"]
+                ).replace("\n", "\n  ")
+            )
     return 0
 
 
@@ -112,7 +139,9 @@ def cmd_db(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     if args.action == "upgrade":
-        print(f"{redact_url(url)}: schema {before or '(empty)'} -> {after} (head {head_revision()})")
+        print(
+            f"{redact_url(url)}: schema {before or '(empty)'} -> {after} (head {head_revision()})"
+        )
     else:
         print(f"{redact_url(url)}: schema {after or '(empty)'} (this eosink: {head_revision()})")
     return 0

@@ -42,12 +42,19 @@ log = logging.getLogger("eosink")
 
 __all__ = ["EosinkDataSource", "register"]
 
-_CORE_KEYS = {"sink", "sink_id", "metastore_url", "epoch", "new_checkpoint", "checkpointlocation",
-              "path"}
+_CORE_KEYS = {
+    "sink",
+    "sink_id",
+    "metastore_url",
+    "epoch",
+    "new_checkpoint",
+    "checkpointlocation",
+    "path",
+}
 
 
 @dataclass
-class _Message(WriterCommitMessage):  # type: ignore[misc]
+class _Message(WriterCommitMessage):
     result: bytes | None
     rows: int
 
@@ -128,7 +135,7 @@ def _write(s: _Setup, epoch: int, skip: bool, batches: Iterator[pa.RecordBatch])
 def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], schema: pa.Schema) -> None:
     codec = rt.plugin.write_result_codec
     msgs = [m for m in messages if isinstance(m, _Message) and m.result is not None]
-    results = [codec.decode(m.result, codec.version) for m in msgs]
+    results = [codec.decode(m.result, codec.version) for m in msgs if m.result is not None]
     committable, fig = rt.pre_commit(
         epoch, results, rt.add_columns(schema), rows=sum(m.rows for m in msgs), write_s=0.0
     )
@@ -141,7 +148,7 @@ def _arrow(schema: StructType) -> pa.Schema:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-class _BatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+class _BatchWriter(DataSourceArrowWriter):
     def __init__(self, s: _Setup, epoch: int, skip: bool, schema: pa.Schema) -> None:
         self.s, self.epoch, self.skip, self.schema = s, epoch, skip, schema
 
@@ -152,8 +159,9 @@ class _BatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
         rt = _runtime(self.s)
         try:
             if self.skip:
-                log.info("sink %s epoch %d: already committed; output discarded", rt.sink_id,
-                         self.epoch)
+                log.info(
+                    "sink %s epoch %d: already committed; output discarded", rt.sink_id, self.epoch
+                )
                 rt._abort(self.epoch, None)
                 return
             _commit_inline(rt, self.epoch, messages, self.schema)
@@ -168,7 +176,7 @@ class _BatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
             _close(rt)
 
 
-class _StreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+class _StreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, s: _Setup, base: int, schema: pa.Schema) -> None:
         self.s, self.base, self.schema = s, base, schema
 
@@ -179,7 +187,7 @@ class _StreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         batch_id = int(tc.getLocalProperty("streaming.sql.batchId") or 0) if tc else 0
         return _write(self.s, self.base + batch_id, False, iterator)
 
-    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
+    def commit(self, messages: list[Any], batchId: int) -> None:
         epoch = self.base + batchId
         rt = _runtime(self.s)
         try:
@@ -189,15 +197,18 @@ class _StreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
                 keep_staged=frozenset({epoch}),
             )
             if rt.status_of(epoch) == COMMITTED or rt.is_committed(epoch):
-                log.info("sink %s epoch %d: replay of a committed epoch; output discarded",
-                         rt.sink_id, epoch)
+                log.info(
+                    "sink %s epoch %d: replay of a committed epoch; output discarded",
+                    rt.sink_id,
+                    epoch,
+                )
                 rt._abort(epoch, None)
                 return
             _commit_inline(rt, epoch, messages, self.schema)
         finally:
             _close(rt)
 
-    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[Any], batchId: int) -> None:
         rt = _runtime(self.s)
         try:
             if rt.status_of(self.base + batchId) is None:
@@ -206,7 +217,7 @@ class _StreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
             _close(rt)
 
 
-class EosinkDataSource(DataSource):  # type: ignore[misc]
+class EosinkDataSource(DataSource):
     """``format("eosink")``: exactly-once writes through an eosink sink plugin."""
 
     @classmethod
@@ -234,7 +245,7 @@ class EosinkDataSource(DataSource):  # type: ignore[misc]
             _close(rt)
         return _BatchWriter(s, epoch, skip, arrow)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:
         opts = {k.lower(): v for k, v in dict(self.options).items()}
         checkpoint = opts.get("checkpointlocation")
         if not checkpoint:

@@ -19,7 +19,7 @@ def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
-    from ._spark import run, spark_session
+    from ._spark import BatchResult, StreamingHandle, run, spark_session
 
     base = Path(workdir or tempfile.mkdtemp(prefix="eosink-demo-")).resolve()
     base.mkdir(parents=True, exist_ok=True)
@@ -31,8 +31,13 @@ def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
     for i in range(batches):
         ids = list(range(i * per, (i + 1) * per))
         pq.write_table(
-            pa.table({"id": ids, "country": [("fr", "de", "us/ca")[j % 3] for j in ids],
-                      "amount": [j * 0.5 for j in ids]}),
+            pa.table(
+                {
+                    "id": ids,
+                    "country": [("fr", "de", "us/ca")[j % 3] for j in ids],
+                    "amount": [j * 0.5 for j in ids],
+                }
+            ),
             inp / f"part-{i:03d}.parquet",
         )
     total = per * batches
@@ -44,24 +49,35 @@ def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
 
     # 1. Batch: an explicit epoch makes the job idempotent.
     df = spark.read.parquet(str(inp))
-    r = run(df, sink=sink, path=str(out / "batch"), partition_by=["country"], epoch=1,
-            metastore_url=url)
+    r = run(
+        df, sink=sink, path=str(out / "batch"), partition_by=["country"], epoch=1, metastore_url=url
+    )
+    assert isinstance(r, BatchResult)
     _say(f"batch: epoch {r.epoch} committed, {r.rows} rows in {r.files} files")
-    r2 = run(df, sink=sink, path=str(out / "batch"), partition_by=["country"], epoch=1,
-             metastore_url=url)
+    r2 = run(
+        df, sink=sink, path=str(out / "batch"), partition_by=["country"], epoch=1, metastore_url=url
+    )
+    assert isinstance(r2, BatchResult)
     _say(f"batch re-run of epoch {r2.epoch}: skipped={r2.skipped} (nothing written twice)")
 
     # 2. Streaming: one micro-batch per input file, phase 2 after Spark's checkpoint.
-    sdf = (spark.readStream.schema(df.schema).option("maxFilesPerTrigger", 1)
-           .parquet(str(inp)))
-    h = run(sdf, sink=sink, path=str(out / "stream"), checkpoint_location=str(chk),
-            trigger={"availableNow": True}, metastore_url=url)
+    sdf = spark.readStream.schema(df.schema).option("maxFilesPerTrigger", 1).parquet(str(inp))
+    h = run(
+        sdf,
+        sink=sink,
+        path=str(out / "stream"),
+        checkpoint_location=str(chk),
+        trigger={"availableNow": True},
+        metastore_url=url,
+    )
+    assert isinstance(h, StreamingHandle)
     h.await_termination()
-    assert not isinstance(h, type(r))
     for f in h.figures:
-        _say(f"stream epoch {f.epoch}: {f.rows} rows, pre_commit {f.pre_commit_ms:.1f} ms, "
-             f"commit {f.commit_ms:.1f} ms, visible {f.visibility_lag_s * 1000:.0f} ms after "
-             "the batch")
+        _say(
+            f"stream epoch {f.epoch}: {f.rows} rows, pre_commit {f.pre_commit_ms:.1f} ms, "
+            f"commit {f.commit_ms:.1f} ms, visible {f.visibility_lag_s * 1000:.0f} ms after "
+            "the batch"
+        )
 
     # 3. Verify with an independent reader (pyarrow).
     ok = True
@@ -70,8 +86,7 @@ def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
         ids = sorted(t.column("id").to_pylist())
         good = ids == list(range(total))
         ok &= good
-        _say(f"verify {name}: {len(ids)} rows read back, "
-             f"{'exactly once' if good else 'MISMATCH'}")
+        _say(f"verify {name}: {len(ids)} rows read back, {'exactly once' if good else 'MISMATCH'}")
     staged = [p for p in out.rglob("_eosink_staging/**/*") if p.is_file()]
     _say(f"staged files left behind: {len(staged)}")
     ok &= not staged

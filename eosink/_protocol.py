@@ -96,7 +96,10 @@ class SinkRuntime:
         self.coordinator.init()
         log.info(
             "sink %s: coordinator started (plugin %s, generation %d, meta store %s)",
-            self.sink_id, self.plugin.name, self.generation, self.store.url_redacted,
+            self.sink_id,
+            self.plugin.name,
+            self.generation,
+            self.store.url_redacted,
         )
 
     def close(self) -> None:
@@ -121,14 +124,21 @@ class SinkRuntime:
                 log.info("sink %s: recovery commits checkpointed epoch %d", self.sink_id, rec.epoch)
                 assert rec.committable is not None
                 c = self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
-                fig = EpochFigures(rec.epoch, rec.rows, rec.files, rec.bytes,
-                                   batch_end_at=rec.batch_end_at or 0.0,
-                                   pre_commit_ms=rec.pre_commit_ms or 0.0)
+                fig = EpochFigures(
+                    rec.epoch,
+                    rec.rows,
+                    rec.files,
+                    rec.bytes,
+                    batch_end_at=rec.batch_end_at or 0.0,
+                    pre_commit_ms=rec.pre_commit_ms or 0.0,
+                )
                 self.commit_epoch(rec.epoch, c, fig)
             else:
                 log.info(
                     "sink %s: recovery aborts epoch %d (not checkpointed; it will be written "
-                    "again)", self.sink_id, rec.epoch,
+                    "again)",
+                    self.sink_id,
+                    rec.epoch,
                 )
                 self.store.mark_aborted(self.sink_id, self.generation, rec.epoch)
         for rec in self.store.epochs(self.sink_id, (ABORTED,)):
@@ -146,7 +156,9 @@ class SinkRuntime:
                 self._abort(e, None)
         log.info(
             "sink %s: recovery done before epoch %d in %.1f ms",
-            self.sink_id, first_epoch, (time.perf_counter() - t0) * 1000,
+            self.sink_id,
+            first_epoch,
+            (time.perf_counter() - t0) * 1000,
         )
 
     def _abort(self, epoch: int, committable: Any) -> bool:
@@ -158,7 +170,9 @@ class SinkRuntime:
         except Exception:
             log.exception(
                 "sink %s: abort of epoch %d raised (a plugin contract violation); "
-                "it is retried on the next start", self.sink_id, epoch,
+                "it is retried on the next start",
+                self.sink_id,
+                epoch,
             )
             return False
 
@@ -206,17 +220,39 @@ class SinkRuntime:
         batch_end = time.time()
         pre_ms = (time.perf_counter() - t0) * 1000
         self.store.persist_pending(
-            self.sink_id, self.generation, epoch, data, self.plugin.committable_codec.version,
-            rows=rows, files=files, nbytes=nbytes, batch_end_at=batch_end, pre_commit_ms=pre_ms,
+            self.sink_id,
+            self.generation,
+            epoch,
+            data,
+            self.plugin.committable_codec.version,
+            rows=rows,
+            files=files,
+            nbytes=nbytes,
+            batch_end_at=batch_end,
+            pre_commit_ms=pre_ms,
         )
-        fig = EpochFigures(epoch, rows, files, nbytes, write_s=write_s, pre_commit_ms=pre_ms,
-                           persist_ms=(time.perf_counter() - t0) * 1000 - pre_ms,
-                           batch_end_at=batch_end)
+        fig = EpochFigures(
+            epoch,
+            rows,
+            files,
+            nbytes,
+            write_s=write_s,
+            pre_commit_ms=pre_ms,
+            persist_ms=(time.perf_counter() - t0) * 1000 - pre_ms,
+            batch_end_at=batch_end,
+        )
         self.figures[epoch] = fig
         log.info(
             "sink %s epoch %d: PENDING (rows=%d files=%d bytes=%d write=%.3fs pre_commit=%.1fms "
             "persist=%.1fms)",
-            self.sink_id, epoch, rows, files, nbytes, write_s, fig.pre_commit_ms, fig.persist_ms,
+            self.sink_id,
+            epoch,
+            rows,
+            files,
+            nbytes,
+            write_s,
+            fig.pre_commit_ms,
+            fig.persist_ms,
         )
         fault_point("after_persist")
         return committable, fig
@@ -238,8 +274,13 @@ class SinkRuntime:
             except EosinkError as exc:
                 if not exc.transient or time.monotonic() > deadline:
                     raise
-                log.warning("sink %s epoch %d: commit failed (%s); retrying in %.2fs",
-                            self.sink_id, epoch, exc, delay)
+                log.warning(
+                    "sink %s epoch %d: commit failed (%s); retrying in %.2fs",
+                    self.sink_id,
+                    epoch,
+                    exc,
+                    delay,
+                )
             time.sleep(delay * (1 + random.random() * 0.2))
             delay = min(delay * 2, 5.0)
         fault_point("after_commit")
@@ -250,7 +291,12 @@ class SinkRuntime:
         fault_point("after_mark_committed")
         log.info(
             "sink %s epoch %d: COMMITTED (rows=%d files=%d commit=%.1fms visibility_lag=%.3fs)",
-            self.sink_id, epoch, fig.rows, fig.files, fig.commit_ms, fig.visibility_lag_s,
+            self.sink_id,
+            epoch,
+            fig.rows,
+            fig.files,
+            fig.commit_ms,
+            fig.visibility_lag_s,
         )
         from .registry import plugin_manager
 
@@ -338,8 +384,9 @@ class AsyncCommitter:
             try:
                 self.runtime.commit_epoch(epoch, committable, fig)
             except BaseException as exc:
-                log.error("sink %s epoch %d: commit failed for good: %s",
-                          self.runtime.sink_id, epoch, exc)
+                log.error(
+                    "sink %s epoch %d: commit failed for good: %s", self.runtime.sink_id, epoch, exc
+                )
                 self.error = exc
             with self._lock:
                 if self.error is None:

@@ -26,7 +26,7 @@ from .sink import SinkPlugin, WriterContext
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger("eosink")
 
@@ -214,7 +214,9 @@ class StreamingHandle:
                 if left:
                     log.info(
                         "sink %s: %d epoch(s) not checkpointed by Spark stay PENDING; the next "
-                        "start aborts and rewrites them", self.sink_id, left,
+                        "start aborts and rewrites them",
+                        self.sink_id,
+                        left,
                     )
         finally:
             if self.committer is not None:
@@ -234,8 +236,10 @@ class StreamingHandle:
             True if the query ended within ``timeout``.
         """
         try:
-            done = self.query.awaitTermination(timeout) if timeout is not None else (
-                self.query.awaitTermination() or True
+            done = (
+                self.query.awaitTermination(timeout)  # type: ignore[arg-type]
+                if timeout is not None
+                else (self.query.awaitTermination() or True)
             )
         except BaseException:
             self._finish()
@@ -310,7 +314,9 @@ def run(
     plugin = get_sink(sink)
     options = plugin.parse_options(sink_options)
     if commit_mode not in ("after_checkpoint", "inline"):
-        raise ConfigError(f"commit_mode must be 'after_checkpoint' or 'inline', not {commit_mode!r}")
+        raise ConfigError(
+            f"commit_mode must be 'after_checkpoint' or 'inline', not {commit_mode!r}"
+        )
     if new_checkpoint not in ("refuse", "continue"):
         raise ConfigError(f"new_checkpoint must be 'refuse' or 'continue', not {new_checkpoint!r}")
     schema = arrow_schema(df)
@@ -342,8 +348,14 @@ def run(
                 runtime.close()
                 store.close()
         return _start_stream(
-            df, runtime, schema, checkpoint_location or "", trigger, commit_mode,
-            new_checkpoint, query_name,
+            df,
+            runtime,
+            schema,
+            checkpoint_location or "",
+            trigger,
+            commit_mode,
+            new_checkpoint,
+            query_name,
         )
     except BaseException:
         if streaming:
@@ -366,8 +378,15 @@ def _run_batch(
         runtime.recover(first_epoch=e + 1)
         rec = runtime.store.epoch(sid, e)
         assert rec is not None and rec.status == COMMITTED
-        return BatchResult(sid, e, rec.rows, rec.files, committed=True, recovered=True,
-                           figures=runtime.figures.get(e))
+        return BatchResult(
+            sid,
+            e,
+            rec.rows,
+            rec.files,
+            committed=True,
+            recovered=True,
+            figures=runtime.figures.get(e),
+        )
     runtime.recover(first_epoch=e)
     log.info("sink %s epoch %d: writing batch DataFrame", sid, e)
     results, rows, secs = write_epoch(df, runtime.plugin, runtime.options, sid, e)
@@ -379,9 +398,7 @@ def _run_batch(
     return BatchResult(sid, e, rows, fig.files, committed=True, figures=fig)
 
 
-def _epoch_base(
-    runtime: SinkRuntime, ckpt: CheckpointDir, new_checkpoint: str
-) -> int:
+def _epoch_base(runtime: SinkRuntime, ckpt: CheckpointDir, new_checkpoint: str) -> int:
     """Map this checkpoint's batch ids to sink epochs; detect a fresh checkpoint (rule 5)."""
     sid = runtime.sink_id
     rec = runtime.store.sink(sid)
@@ -403,7 +420,9 @@ def _epoch_base(
         base = last + 1
         log.warning(
             "sink %s: new checkpoint %s; continuing on a new epoch range from %d",
-            sid, ckpt.location, base,
+            sid,
+            ckpt.location,
+            base,
         )
     else:
         base = 0
@@ -449,8 +468,12 @@ def _start_stream(
         handle = handle_box[0]
         status = runtime.status_of(e)
         if status == COMMITTED or (status is None and runtime.is_committed(e)):
-            log.info("sink %s epoch %d (batch %d): replay of a committed epoch; output "
-                     "discarded", sid, e, batch_id)
+            log.info(
+                "sink %s epoch %d (batch %d): replay of a committed epoch; output discarded",
+                sid,
+                e,
+                batch_id,
+            )
             handle.figures.append(EpochFigures(e, skipped=True))
             return
         if status == PENDING:
@@ -488,6 +511,9 @@ def _start_stream(
     handle_box.append(handle)
     log.info(
         "sink %s: streaming query %s started (epochs = %d + batchId, commit_mode=%s)",
-        sid, query.id, base, commit_mode,
+        sid,
+        query.id,
+        base,
+        commit_mode,
     )
     return handle

@@ -47,7 +47,8 @@ def _sinks() -> dict[str, tuple[SinkPlugin[Any, Any, Any], str, str]]:
         dist = dists.get(id(impl.plugin))
         package = dist.project_name if dist else impl.plugin_name
         version = dist.version if dist else ""
-        for sink in impl.function() or []:
+        provided: list[SinkPlugin[Any, Any, Any]] = impl.function() or []  # type: ignore[assignment]
+        for sink in provided:
             if sink.name in found:
                 other = found[sink.name][1]
                 raise ConfigError(

@@ -41,7 +41,7 @@ __all__ = [
 T = TypeVar("T")
 R = TypeVar("R")
 C = TypeVar("C")
-O = TypeVar("O", bound=BaseModel)
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 
 @runtime_checkable
@@ -123,7 +123,7 @@ class CoordinatedSinkWriter(ABC, Generic[R]):
     def finish_write(self, epoch: int) -> R:
         """Flush and return the write result: small metadata, never row data."""
 
-    def abort_write(self) -> None:  # noqa: B027 - optional hook with a no-op default
+    def abort_write(self) -> None:
         """Called when the task fails; delete what this writer staged. Must not raise."""
 
 
@@ -142,7 +142,7 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
         Thread safety: the core calls one method at a time.
     """
 
-    def init(self) -> None:  # noqa: B027 - optional hook with a no-op default
+    def init(self) -> None:
         """Called once when the coordinator starts, before recovery."""
 
     @abstractmethod
@@ -171,7 +171,7 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
     def abort(self, epoch: int, committable: C | None) -> None:
         """Discard the epoch's staged data. Never raises."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook with a no-op default
+    def close(self) -> None:
         """Release resources. Called when the run ends."""
 
 
@@ -189,7 +189,7 @@ class StagedEpochs(ABC):
 
 
 @dataclass(frozen=True)
-class SinkPlugin(Generic[O, R, C]):
+class SinkPlugin(Generic[OptionsT, R, C]):
     """What a plugin registers for one sink name.
 
     Attributes:
@@ -207,16 +207,16 @@ class SinkPlugin(Generic[O, R, C]):
     """
 
     name: str
-    options_model: type[O]
-    writer_factory: Callable[[O, WriterContext], CoordinatedSinkWriter[R]]
-    coordinator_factory: Callable[[O, str], SinkCommitCoordinator[R, C]]
+    options_model: type[OptionsT]
+    writer_factory: Callable[[OptionsT, WriterContext], CoordinatedSinkWriter[R]]
+    coordinator_factory: Callable[[OptionsT, str], SinkCommitCoordinator[R, C]]
     write_result_codec: Codec[R]
     committable_codec: Codec[C]
-    default_sink_id: Callable[[O], str]
-    validate_schema: Callable[[O, pa.Schema], None] | None = None
+    default_sink_id: Callable[[OptionsT], str]
+    validate_schema: Callable[[OptionsT, pa.Schema], None] | None = None
     description: str = ""
 
-    def parse_options(self, options: dict[str, Any]) -> O:
+    def parse_options(self, options: dict[str, Any]) -> OptionsT:
         """Validate raw options with the options model.
 
         Raises:

@@ -78,8 +78,11 @@ class SinkConformance:
 
     def batches(self, start: int, n: int) -> list[pa.RecordBatch]:
         ids = list(range(start, start + n))
-        return [pa.record_batch({"id": pa.array(ids, pa.int64()),
-                                 "name": pa.array([f"row-{i}" for i in ids])})]
+        return [
+            pa.record_batch(
+                {"id": pa.array(ids, pa.int64()), "name": pa.array([f"row-{i}" for i in ids])}
+            )
+        ]
 
     # -- helpers -----------------------------------------------------------------------
     @pytest.fixture
@@ -87,16 +90,23 @@ class SinkConformance:
         plugin = get_sink(self.sink_name)
         return plugin, plugin.parse_options(self.make_options(tmp_path))
 
-    def _coordinator(self, plugin: SinkPlugin[Any, Any, Any], options: Any
-                     ) -> SinkCommitCoordinator[Any, Any]:
+    def _coordinator(
+        self, plugin: SinkPlugin[Any, Any, Any], options: Any
+    ) -> SinkCommitCoordinator[Any, Any]:
         c = plugin.coordinator_factory(options, self.sink_id)
         c.init()
         return c
 
-    def _epoch(self, plugin: SinkPlugin[Any, Any, Any], options: Any, epoch: int,
-               start: int) -> tuple[SinkCommitCoordinator[Any, Any], Any]:
-        results = drive_writers(plugin, options, self.sink_id, epoch,
-                                [self.batches(start, 5), self.batches(start + 5, 5), []])
+    def _epoch(
+        self, plugin: SinkPlugin[Any, Any, Any], options: Any, epoch: int, start: int
+    ) -> tuple[SinkCommitCoordinator[Any, Any], Any]:
+        results = drive_writers(
+            plugin,
+            options,
+            self.sink_id,
+            epoch,
+            [self.batches(start, 5), self.batches(start + 5, 5), []],
+        )
         coord = self._coordinator(plugin, options)
         committable = coord.pre_commit(epoch, results, [])
         codec = plugin.committable_codec

@@ -47,8 +47,14 @@ def main() -> int:
         print("RESULT", r, flush=True)
     elif a.mode == "stream":
         sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
-        h = eosink.run(sdf, sink="file", checkpoint_location=a.checkpoint,
-                       trigger={"availableNow": True}, commit_mode=a.commit_mode, **opts)
+        h = eosink.run(
+            sdf,
+            sink="file",
+            checkpoint_location=a.checkpoint,
+            trigger={"availableNow": True},
+            commit_mode=a.commit_mode,
+            **opts,
+        )
         h.await_termination()
         print("RESULT", [f.as_dict() for f in h.figures], flush=True)
     else:

@@ -26,11 +26,13 @@ def make_input(directory: Path, files: int = 6, rows: int = 400) -> list[int]:
         chunk = list(range(f * rows, (f + 1) * rows))
         ids += chunk
         pq.write_table(
-            pa.table({
-                "id": pa.array(chunk, pa.int64()),
-                "grp": [GROUPS[i % len(GROUPS)] for i in chunk],
-                "payload": [f"payload-{i}" for i in chunk],
-            }),
+            pa.table(
+                {
+                    "id": pa.array(chunk, pa.int64()),
+                    "grp": [GROUPS[i % len(GROUPS)] for i in chunk],
+                    "payload": [f"payload-{i}" for i in chunk],
+                }
+            ),
             directory / f"in-{f:03d}.parquet",
         )
     return ids
@@ -50,15 +52,27 @@ class Job:
         self.logs: list[str] = []
 
     def argv(self) -> list[str]:
-        args = [sys.executable, str(TESTS / "crashjob.py"), "--mode", self.mode,
-                "--input", str(self.input), "--out", str(self.out),
-                "--checkpoint", str(self.checkpoint), "--metastore", self.metastore]
+        args = [
+            sys.executable,
+            str(TESTS / "crashjob.py"),
+            "--mode",
+            self.mode,
+            "--input",
+            str(self.input),
+            "--out",
+            str(self.out),
+            "--checkpoint",
+            str(self.checkpoint),
+            "--metastore",
+            self.metastore,
+        ]
         for k, v in self.extra.items():
             args += [f"--{k.replace('_', '-')}", v]
         return args
 
-    def run(self, fault: str | None = None, kill_after: float | None = None,
-            timeout: float = 300) -> int:
+    def run(
+        self, fault: str | None = None, kill_after: float | None = None, timeout: float = 300
+    ) -> int:
         """Run the driver; with ``fault`` it must die by SIGKILL at that point.
 
         ``kill_after`` kills the whole driver (Python and JVM) after that many seconds.
@@ -72,8 +86,9 @@ class Job:
             env["EOSINK_FAULT"] = fault
         log = self.tmp / f"run-{len(self.logs)}.log"
         with open(log, "w") as fh:
-            proc = subprocess.Popen(self.argv(), env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                self.argv(), env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
                 code = proc.wait(timeout=kill_after if kill_after is not None else timeout)
             except subprocess.TimeoutExpired:
@@ -103,8 +118,7 @@ def read_ids(out: Path, partitioned: bool = False) -> list[int]:
         p.is_file() and "_eosink_staging" not in p.parts for p in out.rglob("*")
     ):
         return []
-    dataset = ds.dataset(out, format="parquet",
-                         partitioning="hive" if partitioned else None)
+    dataset = ds.dataset(out, format="parquet", partitioning="hive" if partitioned else None)
     return sorted(dataset.to_table(columns=["id"]).column("id").to_pylist())
 
 

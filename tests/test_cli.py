@@ -11,8 +11,13 @@ from eosink._metastore import MetaStore
 
 
 def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "eosink._cli", *args], capture_output=True,
-                          text=True, check=check, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "eosink._cli", *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=600,
+    )
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
@@ -31,8 +36,18 @@ def test_status_shows_pending_and_durations(tmp_path: Path) -> None:
     store = MetaStore(url)
     g = store.acquire("file:/data/x", "file").generation
     for e in range(3):
-        store.persist_pending("file:/data/x", g, e, b"{}", 1, rows=10 * e, files=1, nbytes=5,
-                              batch_end_at=100.0, pre_commit_ms=1.5)
+        store.persist_pending(
+            "file:/data/x",
+            g,
+            e,
+            b"{}",
+            1,
+            rows=10 * e,
+            files=1,
+            nbytes=5,
+            batch_end_at=100.0,
+            pre_commit_ms=1.5,
+        )
     store.mark_committed("file:/data/x", g, 0, commit_ms=4.25)
     store.mark_committed("file:/data/x", g, 1, commit_ms=2.0)
     store.close()

@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from harness import Job, epoch_states, make_input, read_ids, staged_files
 
 pytestmark = pytest.mark.cluster

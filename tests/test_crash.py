@@ -13,7 +13,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from harness import Job, epoch_states, make_input, read_ids, staged_files
 
 pytestmark = pytest.mark.crash
@@ -58,8 +57,9 @@ def _check(job: Job, expected: list[int], partitioned: bool = False) -> None:
     assert "PENDING" not in states and "ABORTED" not in states, states
 
 
-def _crash_and_recover(job: Job, faults: list[str], expected: list[int],
-                       partitioned: bool = False) -> None:
+def _crash_and_recover(
+    job: Job, faults: list[str], expected: list[int], partitioned: bool = False
+) -> None:
     rerun = any(f.startswith(("after_commit", "after_mark_committed")) for f in faults)
     for fault in faults:
         code = job.run(fault=fault)

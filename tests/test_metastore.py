@@ -21,8 +21,9 @@ from eosink._metastore.migrations import head_revision
 
 
 def _pending(store: MetaStore, gen: int, epoch: int, sink: str = "s") -> None:
-    store.persist_pending(sink, gen, epoch, b"c", 1, rows=3, files=1, nbytes=10,
-                          batch_end_at=1.0, pre_commit_ms=0.5)
+    store.persist_pending(
+        sink, gen, epoch, b"c", 1, rows=3, files=1, nbytes=10, batch_end_at=1.0, pre_commit_ms=0.5
+    )
 
 
 def test_allowed_transitions(metastore_url: str, tmp_path: Path) -> None:
@@ -43,8 +44,17 @@ def test_allowed_transitions(metastore_url: str, tmp_path: Path) -> None:
     store.close()
 
 
-@pytest.mark.parametrize("step", ["pending_twice", "commit_committed", "abort_committed",
-                                  "finish_pending", "commit_missing", "repend_committed"])
+@pytest.mark.parametrize(
+    "step",
+    [
+        "pending_twice",
+        "commit_committed",
+        "abort_committed",
+        "finish_pending",
+        "commit_missing",
+        "repend_committed",
+    ],
+)
 def test_rejected_transitions(metastore_url: str, tmp_path: Path, step: str) -> None:
     sink = f"s-{tmp_path.name}"
     store = MetaStore(metastore_url)
@@ -121,11 +131,19 @@ def test_db_upgrade_cli_and_current(fresh_pg_url: str, tmp_path: Path) -> None:
     for url in (f"sqlite:///{tmp_path / 'm.db'}", fresh_pg_url):
         with pytest.raises(SchemaOutdatedError):
             MetaStore(url, create=False)
-        out = subprocess.run([sys.executable, "-m", "eosink._cli", "db", "upgrade", "--url", url],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "eosink._cli", "db", "upgrade", "--url", url],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert f"-> {head_revision()}" in out
-        out = subprocess.run([sys.executable, "-m", "eosink._cli", "db", "current", "--url", url],
-                             capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "eosink._cli", "db", "current", "--url", url],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert f"schema {head_revision()}" in out
         MetaStore(url, create=False).close()
 

@@ -30,13 +30,18 @@ def test_builtin_and_third_party_sinks_are_discovered() -> None:
 
 
 def test_plugins_cli_lists_name_package_version() -> None:
-    out = subprocess.run([sys.executable, "-m", "eosink._cli", "plugins", "--json"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "eosink._cli", "plugins", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     listed = {s["name"]: s for s in json.loads(out)}
     assert listed["jsonl_dir"]["package"] == "eosink-example"
     assert listed["file"]["version"] == eosink.__version__
-    text = subprocess.run([sys.executable, "-m", "eosink._cli", "plugins"],
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "eosink._cli", "plugins"], capture_output=True, text=True, check=True
+    ).stdout
     assert re.search(r"^file\s+eosink\s+0\.1\.0", text, re.M)
 
 
@@ -68,8 +73,9 @@ def test_invalid_options_name_the_field(options: dict[str, Any], field: str) -> 
 def test_every_hook_is_documented() -> None:
     from eosink import hookspecs
 
-    hooks = [n for n, f in inspect.getmembers(hookspecs, inspect.isfunction)
-             if n.startswith("eosink_")]
+    hooks = [
+        n for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("eosink_")
+    ]
     assert hooks, "no hookspecs found"
     doc = (ROOT / "docs" / "plugins.md").read_text()
     for name in hooks:
@@ -92,8 +98,7 @@ def test_epoch_committed_hook_reaches_plugins(tmp_path: Path) -> None:
 
     class Listener:
         @eosink.hookimpl
-        def eosink_epoch_committed(self, sink_id: str, epoch: int,
-                                   figures: dict[str, Any]) -> None:
+        def eosink_epoch_committed(self, sink_id: str, epoch: int, figures: dict[str, Any]) -> None:
             seen.append((sink_id, epoch, figures))
 
     pm = plugin_manager()
@@ -101,8 +106,12 @@ def test_epoch_committed_hook_reaches_plugins(tmp_path: Path) -> None:
     pm.register(listener)
     try:
         plugin = get_sink("jsonl_dir")
-        rt = SinkRuntime(plugin, plugin.parse_options({"path": str(tmp_path / "o")}), "hook",
-                         MetaStore(f"sqlite:///{tmp_path / 'm.db'}"))
+        rt = SinkRuntime(
+            plugin,
+            plugin.parse_options({"path": str(tmp_path / "o")}),
+            "hook",
+            MetaStore(f"sqlite:///{tmp_path / 'm.db'}"),
+        )
         rt.start()
         c, _ = rt.pre_commit(0, [], [], rows=0, write_s=0.0)
         rt.commit_epoch(0, c)
@@ -122,8 +131,9 @@ def _read_files(root: Path, fmt: str, partitioned: bool) -> list[dict[str, Any]]
             if "_eosink_staging" not in f.parts:
                 rows += [json.loads(line) for line in f.read_text().splitlines()]
         return rows
-    table = ds.dataset(root, format=fmt, partitioning="hive" if partitioned else None,
-                       exclude_invalid_files=False).to_table()
+    table = ds.dataset(
+        root, format=fmt, partitioning="hive" if partitioned else None, exclude_invalid_files=False
+    ).to_table()
     return table.to_pylist()
 
 
@@ -133,15 +143,21 @@ class _FileConformance(SinkConformance):
     partition_by: tuple[str, ...] = ()
 
     def make_options(self, tmp_path: Path) -> dict[str, Any]:
-        return {"path": str(tmp_path / "out"), "format": self.fmt,
-                "partition_by": list(self.partition_by)}
+        return {
+            "path": str(tmp_path / "out"),
+            "format": self.fmt,
+            "partition_by": list(self.partition_by),
+        }
 
     def read_rows(self, options: Any) -> list[dict[str, Any]]:
         return _read_files(Path(options.path), self.fmt, bool(self.partition_by))
 
     def leftovers(self, options: Any) -> list[str]:
-        return [str(p) for p in Path(options.path).rglob("*")
-                if p.is_file() and "_eosink_staging" in p.parts]
+        return [
+            str(p)
+            for p in Path(options.path).rglob("*")
+            if p.is_file() and "_eosink_staging" in p.parts
+        ]
 
 
 class TestFileParquetConformance(_FileConformance):
@@ -168,8 +184,11 @@ class TestJsonlDirConformance(SinkConformance):
 
     def read_rows(self, options: Any) -> list[dict[str, Any]]:
         root = Path(options.path)
-        return [json.loads(line) for f in sorted(root.glob("epoch-*.jsonl"))
-                for line in f.read_text().splitlines()]
+        return [
+            json.loads(line)
+            for f in sorted(root.glob("epoch-*.jsonl"))
+            for line in f.read_text().splitlines()
+        ]
 
     def leftovers(self, options: Any) -> list[str]:
         return [str(p) for p in (Path(options.path) / ".staging").rglob("*") if p.is_file()]
@@ -193,8 +212,13 @@ def test_partition_values_cannot_escape_path(tmp_path: Path) -> None:
         assert f.resolve().is_relative_to(root)
         assert f.parent.parent == root, f  # exactly one directory level: k=<escaped>
     assert not any(p.name == ".." for p in root.rglob("*"))
-    table = ds.dataset(root, format="parquet", partitioning=ds.HivePartitioning(
-        pa.schema([("k", pa.string())]), null_fallback="__HIVE_DEFAULT_PARTITION__")).to_table()
+    table = ds.dataset(
+        root,
+        format="parquet",
+        partitioning=ds.HivePartitioning(
+            pa.schema([("k", pa.string())]), null_fallback="__HIVE_DEFAULT_PARTITION__"
+        ),
+    ).to_table()
     got = {r["n"]: r["k"] for r in table.to_pylist()}
     for n, v in enumerate(values):
         assert got[n] == (v or None), (n, v, got[n])

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+from harness import make_input, read_ids, staged_files
 
 import eosink
 from eosink import (
@@ -23,28 +23,34 @@ from eosink import (
     UnknownSinkError,
 )
 
-from harness import epoch_states, make_input, read_ids, staged_files
-
 
 def _ids(spark: Any, path: Path, fmt: str = "parquet") -> list[int]:
     reader = spark.read.format(fmt)
     if fmt != "parquet":
-        reader = reader.schema("id long, name string") if fmt == "json" else reader.option(
-            "header", "true").option("escape", '"').schema("id long, name string")
+        reader = (
+            reader.schema("id long, name string")
+            if fmt == "json"
+            else reader.option("header", "true")
+            .option("escape", '"')
+            .schema("id long, name string")
+        )
     return sorted(r.id for r in reader.load(str(path)).select("id").collect())
 
 
-def test_batch_run_is_idempotent_with_explicit_epoch(spark, tmp_path: Path,
-                                                     metastore_url: str) -> None:
+def test_batch_run_is_idempotent_with_explicit_epoch(
+    spark, tmp_path: Path, metastore_url: str
+) -> None:
     df = spark.range(0, 500).selectExpr("id", "cast(id % 7 as string) as k")
     out = tmp_path / "out"
-    r = eosink.run(df, sink="file", path=str(out), partition_by=["k"], epoch=3,
-                   metastore_url=metastore_url)
+    r = eosink.run(
+        df, sink="file", path=str(out), partition_by=["k"], epoch=3, metastore_url=metastore_url
+    )
     assert isinstance(r, BatchResult)
     assert (r.epoch, r.rows, r.committed, r.skipped) == (3, 500, True, False)
     assert r.files >= 7
-    again = eosink.run(df, sink="file", path=str(out), partition_by=["k"], epoch=3,
-                       metastore_url=metastore_url)
+    again = eosink.run(
+        df, sink="file", path=str(out), partition_by=["k"], epoch=3, metastore_url=metastore_url
+    )
     assert isinstance(again, BatchResult) and again.skipped and again.rows == 0
     assert read_ids(out, partitioned=True) == list(range(500))
     assert _ids(spark, out) == list(range(500))
@@ -67,11 +73,24 @@ def test_batch_default_epoch_is_next_free(spark, tmp_path: Path, metastore_url: 
 def test_text_formats_read_back_by_spark(spark, tmp_path: Path, fmt: str) -> None:
     df = spark.range(0, 300).selectExpr("id", "concat('n,\"', id) as name")
     out = tmp_path / "out"
-    eosink.run(df, sink="file", path=str(out), format=fmt, epoch=0,
-               metastore_url=f"sqlite:///{tmp_path / 'm.db'}")
+    eosink.run(
+        df,
+        sink="file",
+        path=str(out),
+        format=fmt,
+        epoch=0,
+        metastore_url=f"sqlite:///{tmp_path / 'm.db'}",
+    )
     assert _ids(spark, out, fmt) == list(range(300))
-    names = {r.name for r in spark.read.format(fmt).option("header", "true")
-             .option("escape", '"').schema("id long, name string").load(str(out)).collect()}
+    names = {
+        r.name
+        for r in spark.read.format(fmt)
+        .option("header", "true")
+        .option("escape", '"')
+        .schema("id long, name string")
+        .load(str(out))
+        .collect()
+    }
     assert 'n,"7' in names
 
 
@@ -81,15 +100,24 @@ def _stream_input(tmp_path: Path, files: int = 4) -> tuple[Path, list[int]]:
 
 
 def _stream(spark, inp: Path) -> Any:  # type: ignore[no-untyped-def]
-    return (spark.readStream.schema("id long, grp string, payload string")
-            .option("maxFilesPerTrigger", 1).parquet(str(inp)))
+    return (
+        spark.readStream.schema("id long, grp string, payload string")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(inp))
+    )
 
 
 def test_stream_available_now(spark, tmp_path: Path, metastore_url: str) -> None:
     inp, expected = _stream_input(tmp_path)
     out, chk = tmp_path / "out", tmp_path / "chk"
-    h = eosink.run(_stream(spark, inp), sink="file", path=str(out), checkpoint_location=str(chk),
-                   trigger={"availableNow": True}, metastore_url=metastore_url)
+    h = eosink.run(
+        _stream(spark, inp),
+        sink="file",
+        path=str(out),
+        checkpoint_location=str(chk),
+        trigger={"availableNow": True},
+        metastore_url=metastore_url,
+    )
     assert isinstance(h, StreamingHandle)
     h.await_termination()
     assert read_ids(out) == expected
@@ -98,11 +126,21 @@ def test_stream_available_now(spark, tmp_path: Path, metastore_url: str) -> None
         assert f.rows == 50 and f.files == 1
         assert 0 < f.visibility_lag_s < 5
         assert f.commit_ms > 0 and f.pre_commit_ms > 0
-    assert epoch_states(metastore_url if "sqlite" in metastore_url else metastore_url)
+    from eosink._metastore import MetaStore
+
+    store = MetaStore(metastore_url)
+    states = {r.epoch: r.status for r in store.epochs(f"file:{out.resolve()}")}
+    store.close()
+    assert states == {0: "COMMITTED", 1: "COMMITTED", 2: "COMMITTED", 3: "COMMITTED"}
     # Restarting on the finished checkpoint writes nothing new.
-    h2 = eosink.run(_stream(spark, inp), sink="file", path=str(out),
-                    checkpoint_location=str(chk), trigger={"availableNow": True},
-                    metastore_url=metastore_url)
+    h2 = eosink.run(
+        _stream(spark, inp),
+        sink="file",
+        path=str(out),
+        checkpoint_location=str(chk),
+        trigger={"availableNow": True},
+        metastore_url=metastore_url,
+    )
     h2.await_termination()
     assert read_ids(out) == expected
 
@@ -111,8 +149,13 @@ def test_stream_stop_drains_commits(spark, tmp_path: Path) -> None:
     """A processing-time stream stopped mid-way: every checkpointed epoch is visible."""
     inp, expected = _stream_input(tmp_path, files=3)
     out, chk = tmp_path / "out", tmp_path / "chk"
-    h = eosink.run(_stream(spark, inp), sink="file", path=str(out), checkpoint_location=str(chk),
-                   trigger={"processingTime": "200 milliseconds"})
+    h = eosink.run(
+        _stream(spark, inp),
+        sink="file",
+        path=str(out),
+        checkpoint_location=str(chk),
+        trigger={"processingTime": "200 milliseconds"},
+    )
     assert isinstance(h, StreamingHandle)
     h.process_all_available()
     h.stop()
@@ -125,31 +168,50 @@ def test_stream_stop_drains_commits(spark, tmp_path: Path) -> None:
 def test_stream_inline_commit_mode(spark, tmp_path: Path) -> None:
     inp, expected = _stream_input(tmp_path, files=2)
     out = tmp_path / "out"
-    h = eosink.run(_stream(spark, inp), sink="file", path=str(out),
-                   checkpoint_location=str(tmp_path / "chk"), trigger={"availableNow": True},
-                   commit_mode="inline")
+    h = eosink.run(
+        _stream(spark, inp),
+        sink="file",
+        path=str(out),
+        checkpoint_location=str(tmp_path / "chk"),
+        trigger={"availableNow": True},
+        commit_mode="inline",
+    )
     h.await_termination()
     assert read_ids(out) == expected
 
 
-def test_fresh_checkpoint_is_refused_or_continues(spark, tmp_path: Path,
-                                                  metastore_url: str) -> None:
+def test_fresh_checkpoint_is_refused_or_continues(
+    spark, tmp_path: Path, metastore_url: str
+) -> None:
     inp, expected = _stream_input(tmp_path, files=2)
     out = tmp_path / "out"
-    common = dict(sink="file", path=str(out), trigger={"availableNow": True},
-                  metastore_url=metastore_url)
-    eosink.run(_stream(spark, inp), checkpoint_location=str(tmp_path / "chk1"),
-               **common).await_termination()
+    common = dict(
+        sink="file", path=str(out), trigger={"availableNow": True}, metastore_url=metastore_url
+    )
+    eosink.run(
+        _stream(spark, inp), checkpoint_location=str(tmp_path / "chk1"), **common
+    ).await_termination()
     with pytest.raises(NewCheckpointError, match="new_checkpoint='continue'"):
         eosink.run(_stream(spark, inp), checkpoint_location=str(tmp_path / "chk2"), **common)
     assert read_ids(out) == expected  # nothing written by the refused run
     # New input for the new query, on a new epoch range: nothing skipped.
     inp2 = tmp_path / "input2"
-    pq.write_table(pa.table({"id": pa.array(range(1000, 1010), pa.int64()),
-                             "grp": ["a"] * 10, "payload": ["p"] * 10}), inp2 / "x.parquet"
-                   if inp2.mkdir() is None else None)
-    h = eosink.run(_stream(spark, inp2), checkpoint_location=str(tmp_path / "chk2"),
-                   new_checkpoint="continue", **common)
+    pq.write_table(
+        pa.table(
+            {
+                "id": pa.array(range(1000, 1010), pa.int64()),
+                "grp": ["a"] * 10,
+                "payload": ["p"] * 10,
+            }
+        ),
+        inp2 / "x.parquet" if inp2.mkdir() is None else None,
+    )
+    h = eosink.run(
+        _stream(spark, inp2),
+        checkpoint_location=str(tmp_path / "chk2"),
+        new_checkpoint="continue",
+        **common,
+    )
     h.await_termination()
     assert isinstance(h, StreamingHandle) and h.epoch_base == 2
     assert h.committed_epochs() == [2]
@@ -169,8 +231,9 @@ def test_bad_input_fails_before_any_job(spark, tmp_path: Path) -> None:
     with pytest.raises(UnknownSinkError, match="installed sinks: file, jsonl_dir"):
         eosink.run(df, sink="nope", path=str(out))
     with pytest.raises(ConfigError, match="checkpoint_location is required"):
-        eosink.run(spark.readStream.format("rate").load(), sink="file", path=str(out),
-                   metastore_url=url)
+        eosink.run(
+            spark.readStream.format("rate").load(), sink="file", path=str(out), metastore_url=url
+        )
     assert not out.exists()
     assert not (tmp_path / "m.db").exists()
 
@@ -178,8 +241,13 @@ def test_bad_input_fails_before_any_job(spark, tmp_path: Path) -> None:
 def test_metastore_unreachable_publishes_nothing(spark, tmp_path: Path) -> None:
     out = tmp_path / "out"
     with pytest.raises(MetaStoreUnavailableError, match="unreachable"):
-        eosink.run(spark.range(10), sink="file", path=str(out), epoch=0,
-                   metastore_url="postgresql://postgres@127.0.0.1:1/none")
+        eosink.run(
+            spark.range(10),
+            sink="file",
+            path=str(out),
+            epoch=0,
+            metastore_url="postgresql://postgres@127.0.0.1:1/none",
+        )
     assert read_ids(out) == []
 
 
@@ -187,8 +255,14 @@ def test_partition_values_escaped_end_to_end(spark, tmp_path: Path) -> None:
     rows = [(1, "a/b"), (2, ".."), (3, "../../x"), (4, "nul\x00char"), (5, None), (6, "ok")]
     df = spark.createDataFrame(rows, "id long, k string")
     out = tmp_path / "out"
-    eosink.run(df, sink="file", path=str(out), partition_by=["k"], epoch=0,
-               metastore_url=f"sqlite:///{tmp_path / 'm.db'}")
+    eosink.run(
+        df,
+        sink="file",
+        path=str(out),
+        partition_by=["k"],
+        epoch=0,
+        metastore_url=f"sqlite:///{tmp_path / 'm.db'}",
+    )
     root = out.resolve()
     assert all(p.resolve().is_relative_to(root) for p in root.rglob("*"))
     assert not (tmp_path / "x").exists()
@@ -222,8 +296,12 @@ def test_add_columns_are_reported(tmp_path: Path) -> None:
     from eosink._protocol import SinkRuntime
 
     plugin = eosink.get_sink("file")
-    rt = SinkRuntime(plugin, plugin.parse_options({"path": str(tmp_path / "o")}), "cols",
-                     MetaStore(f"sqlite:///{tmp_path / 'm.db'}"))
+    rt = SinkRuntime(
+        plugin,
+        plugin.parse_options({"path": str(tmp_path / "o")}),
+        "cols",
+        MetaStore(f"sqlite:///{tmp_path / 'm.db'}"),
+    )
     rt.start()
     s1 = pa.schema([("id", pa.int64())])
     s2 = s1.append(pa.field("extra", pa.string()))
@@ -236,17 +314,31 @@ def test_datasource_batch_and_stream(spark, tmp_path: Path, metastore_url: str) 
     out = tmp_path / "batch"
     df = spark.range(0, 100).selectExpr("id", "cast(id % 2 as string) as k")
     for _ in range(2):  # the second save of epoch 4 is a no-op
-        (df.write.format("eosink").option("sink", "file").option("path", str(out))
-         .option("partition_by", "k").option("epoch", "4")
-         .option("metastore_url", metastore_url).mode("append").save())
+        (
+            df.write.format("eosink")
+            .option("sink", "file")
+            .option("path", str(out))
+            .option("partition_by", "k")
+            .option("epoch", "4")
+            .option("metastore_url", metastore_url)
+            .mode("append")
+            .save()
+        )
     assert read_ids(out, partitioned=True) == list(range(100))
     assert staged_files(out) == []
 
     inp, expected = _stream_input(tmp_path, files=3)
     sout = tmp_path / "stream"
-    q = (_stream(spark, inp).writeStream.format("eosink").option("sink", "file")
-         .option("path", str(sout)).option("metastore_url", metastore_url)
-         .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    q = (
+        _stream(spark, inp)
+        .writeStream.format("eosink")
+        .option("sink", "file")
+        .option("path", str(sout))
+        .option("metastore_url", metastore_url)
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination()
     assert read_ids(sout) == expected
     assert staged_files(sout) == []
@@ -256,7 +348,12 @@ def test_streaming_metastore_defaults_to_checkpoint(spark, tmp_path: Path) -> No
     inp, expected = _stream_input(tmp_path, files=1)
     chk = tmp_path / "chk"
     t0 = time.time()
-    eosink.run(_stream(spark, inp), sink="file", path=str(tmp_path / "out"),
-               checkpoint_location=str(chk), trigger={"availableNow": True}).await_termination()
+    eosink.run(
+        _stream(spark, inp),
+        sink="file",
+        path=str(tmp_path / "out"),
+        checkpoint_location=str(chk),
+        trigger={"availableNow": True},
+    ).await_termination()
     assert (chk / "eosink" / "metastore.db").stat().st_mtime >= t0 - 1
     assert read_ids(tmp_path / "out") == expected

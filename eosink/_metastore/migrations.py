@@ -74,8 +74,10 @@ def ensure_schema(conn: Connection, *, create: bool) -> None:
         return
     url = conn.engine.url.render_as_string(hide_password=True)
     # Revision ids are zero-padded numbers: an unknown one above head is from a newer eosink.
-    if cur is not None and cur not in _known_revisions() and not (
-        cur.isdigit() and head.isdigit() and int(cur) < int(head)
+    if (
+        cur is not None
+        and cur not in _known_revisions()
+        and not (cur.isdigit() and head.isdigit() and int(cur) < int(head))
     ):
         raise SchemaOutdatedError(
             f"meta store {url} has schema revision {cur}, newer than this eosink ({head}); "

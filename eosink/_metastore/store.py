@@ -22,7 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, delete, event, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, NoSuchModuleError, OperationalError, SQLAlchemyError
 
@@ -327,10 +337,15 @@ class MetaStore:
             return None if row is None else self._record(row)
 
     def epochs(
-        self, sink_id: str, statuses: Sequence[str] = (PENDING, COMMITTED, ABORTED), limit: int = 0
+        self,
+        sink_id: str,
+        statuses: Sequence[str] = (PENDING, COMMITTED, ABORTED),
+        limit: int = 0,
     ) -> list[EpochRecord]:
         """Epochs of ``sink_id`` with one of ``statuses``, by epoch (the newest ``limit``)."""
-        q = select(EpochRow.__table__).where(EpochRow.sink_id == sink_id, EpochRow.status.in_(statuses))
+        q = select(EpochRow.__table__).where(
+            EpochRow.sink_id == sink_id, EpochRow.status.in_(statuses)
+        )
         if limit:
             q = q.order_by(EpochRow.epoch.desc()).limit(limit)
         else:
@@ -409,8 +424,13 @@ class MetaStore:
         with self._tx() as conn:
             self._fence(conn, sink_id, generation)
             self._transition(
-                conn, sink_id, epoch, PENDING, COMMITTED,
-                commit_ms=commit_ms, committed_at=time.time(),
+                conn,
+                sink_id,
+                epoch,
+                PENDING,
+                COMMITTED,
+                commit_ms=commit_ms,
+                committed_at=time.time(),
             )
             conn.execute(
                 update(SinkRow)

@@ -139,7 +139,7 @@ class _OpenFile:
         self.fmt = fmt
         self.rows = 0
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.fh = open(path, "wb")
         self.writer: Any = None
         if fmt == "parquet":
             import pyarrow.parquet as pq
@@ -180,7 +180,10 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
 
     def _stage_dir(self) -> Path:
         return (
-            self.root / STAGING_DIR / sink_key(self.ctx.sink_id) / str(self.epoch)
+            self.root
+            / STAGING_DIR
+            / sink_key(self.ctx.sink_id)
+            / str(self.epoch)
             / self.ctx.attempt_id
         )
 
@@ -206,8 +209,10 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
         for c in cols:
             enc = pc.dictionary_encode(batch.column(c))
             seg_dict = pa.array(
-                [f"{escape_partition_value(c)}={_partition_segment(v)}"
-                 for v in enc.dictionary.to_pylist()],
+                [
+                    f"{escape_partition_value(c)}={_partition_segment(v)}"
+                    for v in enc.dictionary.to_pylist()
+                ],
                 pa.string(),
             )
             seg = pc.take(seg_dict, enc.indices)
@@ -223,12 +228,14 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
         out = []
         for partition, f in self.files.items():
             size = f.close(self.opts.fsync)
-            out.append({
-                "staged": f.path.relative_to(self.root).as_posix(),
-                "partition": partition,
-                "rows": f.rows,
-                "bytes": size,
-            })
+            out.append(
+                {
+                    "staged": f.path.relative_to(self.root).as_posix(),
+                    "partition": partition,
+                    "rows": f.rows,
+                    "bytes": size,
+                }
+            )
         self.files.clear()
         return {"files": out}
 
@@ -261,16 +268,20 @@ class FileCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], Sta
         token = uuid.uuid4().hex[:12]
         ext = _EXT[self.opts.format]
         files = []
-        staged = sorted(
-            (f for r in results for f in r["files"]), key=lambda f: str(f["staged"])
-        )
+        staged = sorted((f for r in results for f in r["files"]), key=lambda f: str(f["staged"]))
         for n, f in enumerate(staged):
             name = f"part-{epoch:010d}-{n:05d}-{token}.{ext}"
             final = f"{f['partition']}/{name}" if f["partition"] else name
-            files.append({
-                "staged": f["staged"], "final": final, "rows": f["rows"], "bytes": f["bytes"],
-                "start_epoch": epoch, "end_epoch": epoch,
-            })
+            files.append(
+                {
+                    "staged": f["staged"],
+                    "final": final,
+                    "rows": f["rows"],
+                    "bytes": f["bytes"],
+                    "start_epoch": epoch,
+                    "end_epoch": epoch,
+                }
+            )
         return {"files": files, "token": token}
 
     def commit(self, epoch: int, committable: dict[str, Any]) -> None:
@@ -328,9 +339,7 @@ def validate_schema(opts: FileSinkOptions, schema: pa.Schema) -> None:
             )
         t = schema.field(c).type
         if pa.types.is_nested(t) or pa.types.is_floating(t):
-            raise SchemaMismatchError(
-                f"column {c!r} of type {t} cannot be a partition column"
-            )
+            raise SchemaMismatchError(f"column {c!r} of type {t} cannot be a partition column")
     if len(opts.partition_by) >= len(schema.names):
         raise SchemaMismatchError("every column is a partition column: no data column is left")
     if opts.format == "csv":

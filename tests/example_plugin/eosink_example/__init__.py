@@ -36,7 +36,7 @@ class Writer(eosink.CoordinatedSinkWriter[dict[str, Any]]):
 
     def begin_epoch(self, epoch: int) -> None:
         self.file.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(self.file, "w")  # noqa: SIM115
+        self.fh = open(self.file, "w")
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
         for row in batch.to_pylist():
@@ -58,18 +58,22 @@ class Writer(eosink.CoordinatedSinkWriter[dict[str, Any]]):
         return {"file": self.file, "rows": self.rows, "fh": None}
 
 
-class Coordinator(eosink.SinkCommitCoordinator[dict[str, Any], dict[str, Any]],
-                  eosink.StagedEpochs):
+class Coordinator(
+    eosink.SinkCommitCoordinator[dict[str, Any], dict[str, Any]], eosink.StagedEpochs
+):
     def __init__(self, opts: Options, sink_id: str) -> None:
         self.root = Path(opts.path)
 
     def init(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]],
-                   add_columns: Sequence[pa.Field]) -> dict[str, Any]:
-        return {"files": sorted(r["file"] for r in results if r["rows"]),
-                "rows": sum(r["rows"] for r in results)}
+    def pre_commit(
+        self, epoch: int, results: Sequence[dict[str, Any]], add_columns: Sequence[pa.Field]
+    ) -> dict[str, Any]:
+        return {
+            "files": sorted(r["file"] for r in results if r["rows"]),
+            "rows": sum(r["rows"] for r in results),
+        }
 
     def commit(self, epoch: int, committable: dict[str, Any]) -> None:
         final = self.root / f"epoch-{epoch:08d}.jsonl"
