@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import re
 import shutil
 import sys
 import threading
@@ -19,7 +20,7 @@ import pyarrow as pa
 from ._checkpoint import CheckpointDir
 from ._metastore import COMMITTED, PENDING, MetaStore, default_url
 from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
-from .errors import ConfigError, EosinkError, NewCheckpointError
+from .errors import ConfigError, EosinkError, NewCheckpointError, SinkError
 from .faults import fault_point
 from .registry import get_sink
 from .sink import SinkPlugin, WriterContext
@@ -137,12 +138,31 @@ def _task_fn(plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoc
 def write_epoch(
     df: DataFrame, plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoch: int
 ) -> tuple[list[Any], int, float]:
-    """Run the writers of ``epoch`` in Spark tasks; return (results, rows, seconds)."""
+    """Run the writers of ``epoch`` in Spark tasks; return (results, rows, seconds).
+
+    Raises:
+        SinkError: a writer failed (the message ends with the writer's own error).
+    """
     t0 = time.perf_counter()
-    out = df.mapInArrow(_task_fn(plugin, options, sink_id, epoch), _RESULT_SCHEMA).collect()
+    try:
+        out = df.mapInArrow(_task_fn(plugin, options, sink_id, epoch), _RESULT_SCHEMA).collect()
+    except Exception as exc:
+        if isinstance(exc, EosinkError):
+            raise
+        raise SinkError(
+            f"sink {sink_id} epoch {epoch}: writing failed in a Spark task: {_root_cause(exc)}"
+        ) from exc
     codec = plugin.write_result_codec
     results = [codec.decode(bytes(r["result"]), codec.version) for r in out]
     return results, sum(int(r["rows"]) for r in out), time.perf_counter() - t0
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The last ``SomethingError: message`` line of a Spark task failure, else its first line."""
+    text = str(exc)
+    found = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .+)$", text, re.M)
+    causes = [c for c in found if not c.startswith(("PythonException", "Py4JJavaError"))]
+    return causes[-1] if causes else text.strip().splitlines()[0][:300]
 
 
 # ---------------------------------------------------------------------------------------
@@ -389,13 +409,24 @@ def _run_batch(
         )
     runtime.recover(first_epoch=e)
     log.info("sink %s epoch %d: writing batch DataFrame", sid, e)
-    results, rows, secs = write_epoch(df, runtime.plugin, runtime.options, sid, e)
+    results, rows, secs = _write_or_discard(df, runtime, e)
     committable, fig = runtime.pre_commit(
         e, results, runtime.add_columns(schema), rows=rows, write_s=secs
     )
     # A batch job has no Spark checkpoint: the durable PENDING row plays that role.
     runtime.commit_epoch(e, committable, fig)
     return BatchResult(sid, e, rows, fig.files, committed=True, figures=fig)
+
+
+def _write_or_discard(
+    df: DataFrame, runtime: SinkRuntime, epoch: int
+) -> tuple[list[Any], int, float]:
+    """Run the writers; if any fails, discard what the others staged, then re-raise."""
+    try:
+        return write_epoch(df, runtime.plugin, runtime.options, runtime.sink_id, epoch)
+    except BaseException:
+        runtime._abort(epoch, None)
+        raise
 
 
 def _epoch_base(runtime: SinkRuntime, ckpt: CheckpointDir, new_checkpoint: str) -> int:
@@ -485,7 +516,7 @@ def _start_stream(
         bschema = arrow_schema(batch_df)
         add = runtime.add_columns(bschema) if not bschema.equals(state["schema"]) else []
         state["schema"] = bschema
-        results, rows, secs = write_epoch(batch_df, runtime.plugin, runtime.options, sid, e)
+        results, rows, secs = _write_or_discard(batch_df, runtime, e)
         committable, fig = runtime.pre_commit(e, results, add, rows=rows, write_s=secs)
         handle.figures.append(fig)
         if committer is None:

@@ -357,3 +357,31 @@ def test_streaming_metastore_defaults_to_checkpoint(spark, tmp_path: Path) -> No
     ).await_termination()
     assert (chk / "eosink" / "metastore.db").stat().st_mtime >= t0 - 1
     assert read_ids(tmp_path / "out") == expected
+
+
+def test_disk_full_on_staging(spark, tmp_path: Path) -> None:
+    """A real 1 MiB tmpfs fills up: clear error, nothing published, nothing left staged,
+    and the same epoch succeeds once there is room."""
+    import subprocess
+
+    from eosink import SinkError
+
+    out = tmp_path / "tiny"
+    out.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(out)], check=True)
+    try:
+        df = spark.range(0, 200_000, numPartitions=2).selectExpr(
+            "id", "sha2(cast(id as string), 256) as h"
+        )
+        url = f"sqlite:///{tmp_path / 'm.db'}"
+        with pytest.raises(SinkError, match="No space left on device"):
+            eosink.run(df, sink="file", path=str(out), epoch=0, metastore_url=url)
+        assert read_ids(out) == []
+        assert staged_files(out) == []
+        subprocess.run(["mount", "-o", "remount,size=64m", str(out)], check=True)
+        r = eosink.run(df, sink="file", path=str(out), epoch=0, metastore_url=url)
+        assert isinstance(r, BatchResult) and r.rows == 200_000
+        assert read_ids(out) == list(range(200_000))
+        assert staged_files(out) == []
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)
