@@ -149,9 +149,12 @@ class SinkRuntime:
             )
             if self._abort(rec.epoch, c):
                 self.store.finish_abort(self.sink_id, self.generation, rec.epoch)
+                log.info("sink %s epoch %d: ABORTED, staged data deleted", self.sink_id, rec.epoch)
         if isinstance(self.coordinator, StagedEpochs):
             live = {r.epoch for r in self.store.epochs(self.sink_id, (PENDING,))} | keep_staged
             for e in sorted(set(self.coordinator.staged_epochs()) - live):
+                if self.is_committed(e):
+                    continue  # visible data: never offered to abort
                 log.info("sink %s: discarding data staged for epoch %d", self.sink_id, e)
                 self._abort(e, None)
         log.info(

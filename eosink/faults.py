@@ -19,6 +19,9 @@ mid_abort              recovery is deleting an aborted epoch's staged data
 
 Executor point: ``task_before_finish`` kills the Python worker of a task's *first* attempt
 before ``finish_write`` (a lost executor; Spark retries the task).
+
+If ``EOSINK_FAULT_MARK`` names a directory, a file ``<point>.<pid>`` is created there right
+before the kill, so a test can tell which point fired and in which process.
 """
 
 from __future__ import annotations
@@ -70,4 +73,9 @@ def fault_point(name: str, *, first_attempt: bool = True) -> None:
         return
     _SEEN[name] = _SEEN.get(name, 0) + 1
     if _SEEN[name] == _ARMED[name]:
+        mark = os.environ.get("EOSINK_FAULT_MARK")
+        if mark:
+            with open(os.path.join(mark, f"{name}.{os.getpid()}"), "w") as fh:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.kill(os.getpid(), signal.SIGKILL)

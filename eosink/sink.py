@@ -178,9 +178,9 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
 class StagedEpochs(ABC):
     """Optional mixin for a coordinator: lists the epochs with staged data.
 
-    At recovery the core aborts every staged epoch that is neither PENDING nor being
-    committed, so data staged by a crashed run before its committable was persisted, or by
-    failed task attempts, is never left behind.
+    At recovery the core calls ``abort(e, None)`` for every listed epoch that is neither
+    PENDING, COMMITTED nor being written, so data staged by a crashed run before its
+    committable was persisted, or by failed task attempts, is never left behind.
     """
 
     @abstractmethod

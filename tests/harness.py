@@ -82,6 +82,9 @@ class Job:
         env.pop("EOSINK_FAULT", None)
         # Short-lived drivers start faster with the C1 JIT only.
         env.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        self.marks = self.tmp / f"faults-{len(self.logs)}"
+        self.marks.mkdir()
+        env["EOSINK_FAULT_MARK"] = str(self.marks)
         if fault:
             env["EOSINK_FAULT"] = fault
         log = self.tmp / f"run-{len(self.logs)}.log"
@@ -108,6 +111,14 @@ class Job:
         self.logs.append(log.read_text())
         return code
 
+    def fired(self) -> list[str]:
+        """The fault points that killed a process during the last run."""
+        return sorted(p.name.split(".")[0] for p in self.marks.iterdir())
+
+    @property
+    def sink_id(self) -> str:
+        return f"file:{self.out.resolve()}"
+
     def last_log(self) -> str:
         return self.logs[-1][-6000:] if self.logs else ""
 
@@ -126,13 +137,17 @@ def staged_files(out: Path) -> list[str]:
     return sorted(str(p) for p in out.rglob("*") if p.is_file() and "_eosink_staging" in p.parts)
 
 
-def epoch_states(metastore: str) -> dict[str, list[Any]]:
+def epoch_states(metastore: str, sink_id: str) -> dict[str, list[Any]]:
+    """Status -> epochs of one sink, read with plain SQL (not through eosink)."""
     import sqlalchemy as sa
 
     eng = sa.create_engine(metastore)
     try:
         with eng.connect() as c:
-            rows = c.execute(sa.text("select status, epoch from pending_sink_state")).all()
+            rows = c.execute(
+                sa.text("select status, epoch from pending_sink_state where sink_id = :s"),
+                {"s": sink_id},
+            ).all()
     finally:
         eng.dispose()
     out: dict[str, list[Any]] = {}

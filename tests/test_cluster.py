@@ -29,8 +29,10 @@ def test_cluster_exactly_once_after_driver_crash(tmp_path: Path, pg_url: str, mo
     expected = make_input(job.input)
     fault = "after_persist@2" if mode == "stream" else "mid_commit"
     assert job.run(fault=fault) == -9, job.last_log()
+    assert job.fired() == [fault.split("@")[0]]
     assert job.run() == 0, job.last_log()
     assert _executors(job.logs[-1]) == 2
     assert read_ids(job.out, partitioned=True) == expected
     assert staged_files(job.out) == []
-    assert "PENDING" not in epoch_states(pg_url)
+    assert job.fired() == []
+    assert set(epoch_states(pg_url, job.sink_id)) == {"COMMITTED"}
