@@ -106,7 +106,9 @@ def _close(rt: SinkRuntime) -> None:
     rt.store.close()
 
 
-def _write(s: _Setup, epoch: int, skip: bool, batches: Iterator[pa.RecordBatch]) -> _Message:
+def _write(
+    s: _Setup, epoch: int, skip: bool, batches: Iterator[pa.RecordBatch], setup: Any
+) -> _Message:
     from pyspark import TaskContext
 
     if skip:
@@ -116,7 +118,9 @@ def _write(s: _Setup, epoch: int, skip: bool, batches: Iterator[pa.RecordBatch])
     tc = TaskContext.get()
     part = tc.partitionId() if tc else 0
     attempt = tc.attemptNumber() if tc else 0
-    ctx = WriterContext(s.sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}")
+    ctx = WriterContext(
+        s.sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}", setup
+    )
     writer = s.plugin.writer_factory(s.options, ctx)
     rows = 0
     try:
@@ -149,11 +153,12 @@ def _arrow(schema: StructType) -> pa.Schema:
 
 
 class _BatchWriter(DataSourceArrowWriter):
-    def __init__(self, s: _Setup, epoch: int, skip: bool, schema: pa.Schema) -> None:
+    def __init__(self, s: _Setup, epoch: int, skip: bool, schema: pa.Schema, setup: Any) -> None:
+        self.setup = setup
         self.s, self.epoch, self.skip, self.schema = s, epoch, skip, schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _Message:
-        return _write(self.s, self.epoch, self.skip, iterator)
+        return _write(self.s, self.epoch, self.skip, iterator, self.setup)
 
     def commit(self, messages: list[Any]) -> None:
         rt = _runtime(self.s)
@@ -177,7 +182,8 @@ class _BatchWriter(DataSourceArrowWriter):
 
 
 class _StreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, s: _Setup, base: int, schema: pa.Schema) -> None:
+    def __init__(self, s: _Setup, base: int, schema: pa.Schema, setup: Any) -> None:
+        self.setup = setup
         self.s, self.base, self.schema = s, base, schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _Message:
@@ -185,7 +191,7 @@ class _StreamWriter(DataSourceStreamArrowWriter):
 
         tc = TaskContext.get()
         batch_id = int(tc.getLocalProperty("streaming.sql.batchId") or 0) if tc else 0
-        return _write(self.s, self.base + batch_id, False, iterator)
+        return _write(self.s, self.base + batch_id, False, iterator, self.setup)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         epoch = self.base + batchId
@@ -241,9 +247,10 @@ class EosinkDataSource(DataSource):
                 skip = True
             elif not skip:
                 rt.recover(first_epoch=epoch)
+            setup = None if skip else rt.coordinator.writer_setup(arrow)
         finally:
             _close(rt)
-        return _BatchWriter(s, epoch, skip, arrow)
+        return _BatchWriter(s, epoch, skip, arrow, setup)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:
         opts = {k.lower(): v for k, v in dict(self.options).items()}
@@ -262,9 +269,10 @@ class EosinkDataSource(DataSource):
         try:
             ckpt = CheckpointDir(SparkSession.getActiveSession(), checkpoint)
             base = _epoch_base(rt, ckpt, opts.get("new_checkpoint", "refuse"))
+            setup = rt.coordinator.writer_setup(arrow)
         finally:
             _close(rt)
-        return _StreamWriter(s, base, arrow)
+        return _StreamWriter(s, base, arrow, setup)
 
 
 def register(spark: Any) -> None:

@@ -104,7 +104,9 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
 _RESULT_SCHEMA = "result binary, rows long"
 
 
-def _task_fn(plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoch: int) -> Any:
+def _task_fn(
+    plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoch: int, setup: Any
+) -> Any:
     factory = plugin.writer_factory
     codec = plugin.write_result_codec
 
@@ -114,7 +116,9 @@ def _task_fn(plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoc
         tc = TaskContext.get()
         part = tc.partitionId() if tc else 0
         attempt = tc.attemptNumber() if tc else 0
-        ctx = WriterContext(sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}")
+        ctx = WriterContext(
+            sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}", setup
+        )
         writer = factory(options, ctx)
         rows = 0
         try:
@@ -136,7 +140,12 @@ def _task_fn(plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoc
 
 
 def write_epoch(
-    df: DataFrame, plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoch: int
+    df: DataFrame,
+    plugin: SinkPlugin[Any, Any, Any],
+    options: Any,
+    sink_id: str,
+    epoch: int,
+    setup: Any = None,
 ) -> tuple[list[Any], int, float]:
     """Run the writers of ``epoch`` in Spark tasks; return (results, rows, seconds).
 
@@ -145,7 +154,8 @@ def write_epoch(
     """
     t0 = time.perf_counter()
     try:
-        out = df.mapInArrow(_task_fn(plugin, options, sink_id, epoch), _RESULT_SCHEMA).collect()
+        fn = _task_fn(plugin, options, sink_id, epoch, setup)
+        out = df.mapInArrow(fn, _RESULT_SCHEMA).collect()
     except Exception as exc:
         if isinstance(exc, EosinkError):
             raise
@@ -422,8 +432,9 @@ def _write_or_discard(
     df: DataFrame, runtime: SinkRuntime, epoch: int
 ) -> tuple[list[Any], int, float]:
     """Run the writers; if any fails, discard what the others staged, then re-raise."""
+    setup = runtime.coordinator.writer_setup(arrow_schema(df))
     try:
-        return write_epoch(df, runtime.plugin, runtime.options, runtime.sink_id, epoch)
+        return write_epoch(df, runtime.plugin, runtime.options, runtime.sink_id, epoch, setup)
     except BaseException:
         runtime._abort(epoch, None)
         raise

@@ -92,12 +92,14 @@ class WriterContext:
         partition_id: the Spark partition the task writes.
         attempt_id: unique per task attempt (a retried task gets a new one); use it in staged
             file names so that two attempts never overwrite each other.
+        setup: what the coordinator's ``writer_setup`` returned for this epoch (or None).
     """
 
     sink_id: str
     epoch: int
     partition_id: int
     attempt_id: str
+    setup: Any = None
 
 
 class CoordinatedSinkWriter(ABC, Generic[R]):
@@ -144,6 +146,16 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
 
     def init(self) -> None:
         """Called once when the coordinator starts, before recovery."""
+
+    def writer_setup(self, schema: pa.Schema) -> Any:
+        """Called on the driver before the writers of an epoch start.
+
+        Validate ``schema`` against the target (raise
+        :class:`~eosink.errors.SchemaMismatchError` naming the column), prepare the target,
+        and return a small picklable value that every writer receives as ``ctx.setup``
+        (e.g. the target's metadata, so executors need not ask a catalog). Default: None.
+        """
+        return None
 
     @abstractmethod
     def pre_commit(self, epoch: int, results: Sequence[R], add_columns: Sequence[pa.Field]) -> C:

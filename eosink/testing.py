@@ -45,11 +45,15 @@ def drive_writers(
     sink_id: str,
     epoch: int,
     partitions: Sequence[Sequence[pa.RecordBatch]],
+    setup: Any = None,
 ) -> list[Any]:
-    """Run one writer per partition as Spark tasks would; return their decoded results."""
+    """Run one writer per partition as Spark tasks would; return their decoded results.
+
+    ``setup`` is what the coordinator's ``writer_setup`` returned for the epoch.
+    """
     results = []
     for i, batches in enumerate(partitions):
-        ctx = WriterContext(sink_id, epoch, i, f"p{i:05d}-a0-test")
+        ctx = WriterContext(sink_id, epoch, i, f"p{i:05d}-a0-test", setup)
         writer = pickle.loads(pickle.dumps(plugin.writer_factory(options, ctx)))
         writer.begin_epoch(epoch)
         for b in batches:
@@ -100,14 +104,10 @@ class SinkConformance:
     def _epoch(
         self, plugin: SinkPlugin[Any, Any, Any], options: Any, epoch: int, start: int
     ) -> tuple[SinkCommitCoordinator[Any, Any], Any]:
-        results = drive_writers(
-            plugin,
-            options,
-            self.sink_id,
-            epoch,
-            [self.batches(start, 5), self.batches(start + 5, 5), []],
-        )
         coord = self._coordinator(plugin, options)
+        parts = [self.batches(start, 5), self.batches(start + 5, 5), []]
+        setup = coord.writer_setup(parts[0][0].schema)
+        results = drive_writers(plugin, options, self.sink_id, epoch, parts, setup)
         committable = coord.pre_commit(epoch, results, [])
         codec = plugin.committable_codec
         return coord, codec.decode(codec.encode(committable), codec.version)
@@ -124,8 +124,9 @@ class SinkConformance:
     def test_options_and_factories_pickle(self, setup: Any) -> None:
         plugin, options = setup
         assert pickle.loads(pickle.dumps(options)) == options
-        ctx = WriterContext(self.sink_id, 0, 0, "a")
-        writer = plugin.writer_factory(options, ctx)
+        ws = self._coordinator(plugin, options).writer_setup(self.batches(0, 1)[0].schema)
+        assert pickle.loads(pickle.dumps(ws)) == ws
+        writer = plugin.writer_factory(options, WriterContext(self.sink_id, 0, 0, "a", ws))
         assert isinstance(writer, CoordinatedSinkWriter)
         pickle.loads(pickle.dumps(writer))
 
@@ -173,8 +174,10 @@ class SinkConformance:
 
     def test_abort_without_committable_discards_staged(self, setup: Any) -> None:
         plugin, options = setup
-        drive_writers(plugin, options, self.sink_id, 7, [self.batches(0, 3)])
         coord = self._coordinator(plugin, options)
+        batches = self.batches(0, 3)
+        setup = coord.writer_setup(batches[0].schema)
+        drive_writers(plugin, options, self.sink_id, 7, [batches], setup)
         coord.abort(7, None)
         coord.abort(99, None)  # an epoch that never existed
         assert self.leftovers(options) == []
@@ -182,9 +185,11 @@ class SinkConformance:
 
     def test_failed_writer_cleans_up(self, setup: Any) -> None:
         plugin, options = setup
-        writer = plugin.writer_factory(options, WriterContext(self.sink_id, 0, 0, "fail"))
+        batch = self.batches(0, 3)[0]
+        ws = self._coordinator(plugin, options).writer_setup(batch.schema)
+        writer = plugin.writer_factory(options, WriterContext(self.sink_id, 0, 0, "fail", ws))
         writer.begin_epoch(0)
-        writer.write_batch(self.batches(0, 3)[0])
+        writer.write_batch(batch)
         writer.abort_write()
         assert self.leftovers(options) == []
 

@@ -1,0 +1,1 @@
+"""The built-in Iceberg sink of eosink (pip install "eosink[iceberg]")."""
