@@ -8,6 +8,7 @@ nothing the tests rely on; they check the output with independent readers.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -26,6 +27,8 @@ def main() -> int:
     p.add_argument("--commit-mode", default="after_checkpoint")
     p.add_argument("--partition-by", default="")
     p.add_argument("--format", default="parquet")
+    p.add_argument("--sink", default="file", choices=["file", "iceberg"])
+    p.add_argument("--catalog-uri", default="", help="iceberg: SQL catalog URL (default SQLite)")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -38,18 +41,26 @@ def main() -> int:
     executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
     print(f"EXECUTORS {executors}", flush=True)
     schema = "id long, grp string, payload string"
-    opts = {"path": a.out, "format": a.format, "metastore_url": a.metastore}
+    opts: dict[str, object] = {"metastore_url": a.metastore}
+    if a.sink == "file":
+        opts.update(path=a.out, format=a.format)
+    else:
+        opts["table"] = "db.events"
+        if a.catalog_uri:
+            opts["catalog"] = {"type": "sql", "uri": a.catalog_uri, "warehouse": f"file://{a.out}"}
+        else:
+            opts["warehouse"] = a.out
     if a.partition_by:
         opts["partition_by"] = a.partition_by.split(",")
     if a.mode == "batch":
         df = spark.read.schema(schema).parquet(a.input).repartition(3)
-        r = eosink.run(df, sink="file", epoch=5, **opts)
+        r = eosink.run(df, sink=a.sink, epoch=5, **opts)
         print("RESULT", r, flush=True)
     elif a.mode == "stream":
         sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
         h = eosink.run(
             sdf,
-            sink="file",
+            sink=a.sink,
             checkpoint_location=a.checkpoint,
             trigger={"availableNow": True},
             commit_mode=a.commit_mode,
@@ -59,9 +70,9 @@ def main() -> int:
         print("RESULT", [f.as_dict() for f in h.figures], flush=True)
     else:
         sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
-        w = sdf.writeStream.format("eosink").option("sink", "file")
+        w = sdf.writeStream.format("eosink").option("sink", a.sink)
         for k, v in opts.items():
-            w = w.option(k, ",".join(v) if isinstance(v, list) else v)
+            w = w.option(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))
         q = w.option("checkpointLocation", a.checkpoint).trigger(availableNow=True).start()
         q.awaitTermination()
     spark.stop()

@@ -117,7 +117,24 @@ class Job:
 
     @property
     def sink_id(self) -> str:
+        if self.extra.get("sink") == "iceberg":
+            return "iceberg:eosink.db.events"
         return f"file:{self.out.resolve()}"
+
+    def iceberg_options(self) -> Any:
+        """The iceberg sink options this job uses (to read the table independently)."""
+        import eosink
+
+        opts: dict[str, Any] = {"table": "db.events"}
+        if self.extra.get("catalog_uri"):
+            opts["catalog"] = {
+                "type": "sql",
+                "uri": self.extra["catalog_uri"],
+                "warehouse": f"file://{self.out}",
+            }
+        else:
+            opts["warehouse"] = str(self.out)
+        return eosink.get_sink("iceberg").parse_options(opts)
 
     def last_log(self) -> str:
         return self.logs[-1][-6000:] if self.logs else ""

@@ -66,3 +66,135 @@ class TestIcebergPostgresCatalogConformance(TestIcebergSqliteConformance):
             "table": f"ns_{uuid.uuid4().hex[:12]}.events",
             "catalog": {"type": "sql", "uri": self.pg, "warehouse": f"file://{tmp_path / 'wh'}"},
         }
+
+
+# --- on Spark ------------------------------------------------------------------------------
+def _opts(tmp_path: Path, **kw: Any) -> dict[str, Any]:
+    return {"table": "db.events", "warehouse": str(tmp_path / "wh"), **kw}
+
+
+def _table(tmp_path: Path) -> Any:
+    from pyiceberg.catalog import load_catalog
+
+    import eosink
+
+    o = eosink.get_sink("iceberg").parse_options(_opts(tmp_path))
+    return load_catalog(o.catalog_name, **o.catalog_properties()).load_table("db.events")
+
+
+def test_batch_and_stream_one_snapshot_per_epoch(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from harness import make_input
+
+    import eosink
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    df = spark.range(0, 300).selectExpr("id", "cast(id % 3 as string) as grp", "'x' as payload")
+    r = eosink.run(
+        df, sink="iceberg", epoch=0, metastore_url=url, partition_by=["grp"], **_opts(tmp_path)
+    )
+    again = eosink.run(df, sink="iceberg", epoch=0, metastore_url=url, **_opts(tmp_path))
+    assert r.rows == 300 and again.skipped  # type: ignore[union-attr]
+    inp = tmp_path / "in"
+    expected = make_input(inp, files=3, rows=20)
+    sdf = (
+        spark.readStream.schema("id long, grp string, payload string")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(inp))
+        .selectExpr("id + 1000 as id", "grp", "payload")
+    )
+    h = eosink.run(
+        sdf,
+        sink="iceberg",
+        checkpoint_location=str(tmp_path / "chk"),
+        trigger={"availableNow": True},
+        metastore_url=url,
+        new_checkpoint="continue",
+        **_opts(tmp_path),
+    )
+    h.await_termination()  # type: ignore[union-attr]
+    table = _table(tmp_path)
+    ids = sorted(table.scan().to_arrow().column("id").to_pylist())
+    assert ids == list(range(300)) + [i + 1000 for i in expected]
+    summaries = [
+        s.summary.additional_properties
+        for s in table.snapshots()
+        if s.summary and "eosink.epoch" in s.summary.additional_properties
+    ]
+    assert [s["eosink.epoch"] for s in summaries] == ["0", "1", "2", "3"]
+    assert {s["eosink.sink-id"] for s in summaries} == {"iceberg:eosink.db.events"}
+    assert [f.name for f in table.spec().fields] == ["grp"]
+    assert orphan_files(eosink.get_sink("iceberg").parse_options(_opts(tmp_path))) == []
+
+
+def test_schema_evolution_adds_columns_and_rejects_incompatible(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import eosink
+    from eosink import SchemaMismatchError
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    eosink.run(
+        spark.range(0, 10).selectExpr("id", "cast(id as int) as n"),
+        sink="iceberg",
+        metastore_url=url,
+        **_opts(tmp_path),
+    )
+    eosink.run(
+        spark.range(10, 20).selectExpr("id", "cast(id as long) as n", "'new' as extra"),
+        sink="iceberg",
+        metastore_url=url,
+        **_opts(tmp_path),
+    )
+    table = _table(tmp_path)
+    assert [f.name for f in table.schema().fields] == ["id", "n", "extra"]
+    assert str(table.schema().find_field("n").field_type) == "long"  # int -> long promotion
+    rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert [r["extra"] for r in rows] == [None] * 10 + ["new"] * 10
+    files_before = len(list((tmp_path / "wh").rglob("*.parquet")))
+    with pytest.raises(SchemaMismatchError, match="n"):
+        eosink.run(
+            spark.range(3).selectExpr("id", "'text' as n"),
+            sink="iceberg",
+            metastore_url=url,
+            **_opts(tmp_path),
+        )
+    assert len(list((tmp_path / "wh").rglob("*.parquet"))) == files_before
+
+
+def test_secrets_never_leak(spark, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    import logging
+    import subprocess
+    import sys
+
+    import eosink
+    from eosink import EosinkError
+
+    secret = "S3CR3T-never-print-me"
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    opts = {
+        "table": "db.events",
+        "catalog": {
+            "type": "sql",
+            "uri": f"sqlite:///{tmp_path / 'cat.db'}",
+            "warehouse": f"file://{tmp_path / 'wh'}",
+            "s3.secret-access-key": secret,
+            "token": secret,
+        },
+    }
+    caplog.set_level(logging.DEBUG)
+    r = eosink.run(spark.range(5), sink="iceberg", epoch=0, metastore_url=url, **opts)
+    assert r.rows == 5  # type: ignore[union-attr]
+    bad = {**opts, "catalog": {**opts["catalog"], "uri": f"postgresql://u:{secret}@127.0.0.1:1/x"}}
+    with pytest.raises(EosinkError) as exc:
+        eosink.run(spark.range(5), sink="iceberg", epoch=1, metastore_url=url, **bad)
+    with pytest.raises(EosinkError) as exc2:
+        eosink.get_sink("iceberg").parse_options({**opts, "colour": secret})
+    assert secret not in str(exc.value) and secret not in str(exc2.value)
+    assert secret not in repr(eosink.get_sink("iceberg").parse_options(opts))
+    assert secret not in caplog.text
+    assert secret.encode() not in (tmp_path / "m.db").read_bytes()
+    status = subprocess.run(
+        [sys.executable, "-m", "eosink._cli", "status", "--metastore-url", url, "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert secret not in status and "iceberg:eosink.db.events" in status

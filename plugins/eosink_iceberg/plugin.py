@@ -230,9 +230,21 @@ def data_file_from_json(d: dict[str, Any]) -> Any:
 
 # -- catalog helpers ----------------------------------------------------------------------
 def _redact(text: str, opts: IcebergSinkOptions) -> str:
+    """``text`` without any secret of the catalog properties (keys and URL passwords)."""
+    from urllib.parse import unquote, urlsplit
+
     for k, v in opts.catalog.items():
-        if v and len(v) >= 4 and _SECRET_KEYS.search(k):
+        if not v:
+            continue
+        if len(v) >= 4 and _SECRET_KEYS.search(k):
             text = text.replace(v, "***")
+        if "://" in v and "@" in v:
+            try:
+                pw = urlsplit(v).password
+            except ValueError:
+                pw = None
+            if pw:
+                text = text.replace(pw, "***").replace(unquote(pw), "***")
     return text
 
 
@@ -352,6 +364,10 @@ class IcebergCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], 
             return self.catalog.load_table(self.opts.table)
         except NoSuchTableError:
             return None
+        except Exception as exc:
+            raise SinkError(
+                _redact(f"cannot load Iceberg table {self.opts.table!r}: {exc}", self.opts)
+            ) from None
 
     # -- driver, before the writers ------------------------------------------------------
     def writer_setup(self, schema: pa.Schema) -> Any:
@@ -395,18 +411,23 @@ class IcebergCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], 
             incoming = pyarrow_to_schema(schema, name_mapping=current.name_mapping)
         except Exception:
             incoming = None
-        changed = bool(new)
-        if incoming is not None and not changed:
-            for f in incoming.fields:
-                if f.name in names and current.find_field(f.name).field_type != f.field_type:
-                    changed = True
-        if not changed:
+        touched = list(new)
+        if incoming is not None:
+            touched += [
+                f.name
+                for f in incoming.fields
+                if f.name in names and current.find_field(f.name).field_type != f.field_type
+            ]
+        if not touched:
             return table
+        # Rows already in the table have no value for a new column: it must be optional.
+        evolved = pa.schema([f.with_nullable(True) if f.name in new else f for f in schema])
         try:
             with table.update_schema() as upd:
-                upd.union_by_name(schema)
+                upd.union_by_name(evolved)
         except Exception as exc:
-            col = next((n for n in schema.names if n in str(exc)), None)
+            said = [n for n in touched if re.search(rf"\b{re.escape(n)}\b", str(exc))]
+            col = (said or touched)[0]
             raise SchemaMismatchError(
                 f"Iceberg table {self.opts.table!r}: the DataFrame's schema is not compatible"
                 + (f" at column {col!r}" if col else "")
@@ -531,7 +552,7 @@ class IcebergCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], 
         if table is None:
             return []
         referenced = (
-            {f.file_path for f in table.inspect.files().to_pylist()}
+            {f["file_path"] for f in table.inspect.files().to_pylist()}
             if (table.current_snapshot() is not None)
             else set()
         )
