@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     sp.set_defaults(fn=cmd_db)
 
     sp = sub.add_parser("demo", help="write, crash-free re-run and verify, on embedded defaults")
-    sp.add_argument("--sink", default="file", choices=["file"])
+    sp.add_argument("--sink", default="file", choices=["file", "iceberg"])
     sp.add_argument("--dir", help="working directory (default: a new temporary one)")
     sp.add_argument("--rows", type=int, default=30000)
     sp.add_argument("--batches", type=int, default=3)

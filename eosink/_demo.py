@@ -6,6 +6,7 @@ import logging
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 __all__ = ["demo"]
 
@@ -14,9 +15,37 @@ def _say(msg: str) -> None:
     print(f"[eosink demo] {msg}", flush=True)
 
 
+def _target(sink: str, out: Path, name: str) -> dict[str, Any]:
+    if sink == "iceberg":
+        return {"table": f"demo.{name}", "warehouse": str(out / "warehouse")}
+    return {"path": str(out / name)}
+
+
+def _read_ids(sink: str, out: Path, name: str) -> tuple[list[int], list[str]]:
+    """Ids read back by an independent reader, and data files no reader should see."""
+    if sink == "iceberg":
+        from pyiceberg.catalog import load_catalog
+
+        from .registry import get_sink
+
+        opts = get_sink("iceberg").parse_options(_target(sink, out, name))
+        table = load_catalog(opts.catalog_name, **opts.catalog_properties()).load_table(
+            f"demo.{name}"
+        )
+        ids = table.scan().to_arrow().column("id").to_pylist()
+        live = {f["file_path"].split("://")[-1] for f in table.inspect.files().to_pylist()}
+        data = Path(table.location().split("://")[-1]) / "data"
+        orphans = [str(p) for p in data.rglob("*.parquet") if str(p) not in live]
+        return sorted(ids), orphans
+    import pyarrow.dataset as ds
+
+    t = ds.dataset(out / name, format="parquet", partitioning="hive").to_table()
+    staged = [str(p) for p in (out / name).rglob("_eosink_staging/**/*") if p.is_file()]
+    return sorted(t.column("id").to_pylist()), staged
+
+
 def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
     import pyarrow as pa
-    import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
     from ._spark import BatchResult, StreamingHandle, run, spark_session
@@ -49,14 +78,11 @@ def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
 
     # 1. Batch: an explicit epoch makes the job idempotent.
     df = spark.read.parquet(str(inp))
-    r = run(
-        df, sink=sink, path=str(out / "batch"), partition_by=["country"], epoch=1, metastore_url=url
-    )
+    batch_target = _target(sink, out, "batch")
+    r = run(df, sink=sink, partition_by=["country"], epoch=1, metastore_url=url, **batch_target)
     assert isinstance(r, BatchResult)
     _say(f"batch: epoch {r.epoch} committed, {r.rows} rows in {r.files} files")
-    r2 = run(
-        df, sink=sink, path=str(out / "batch"), partition_by=["country"], epoch=1, metastore_url=url
-    )
+    r2 = run(df, sink=sink, partition_by=["country"], epoch=1, metastore_url=url, **batch_target)
     assert isinstance(r2, BatchResult)
     _say(f"batch re-run of epoch {r2.epoch}: skipped={r2.skipped} (nothing written twice)")
 
@@ -65,10 +91,10 @@ def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
     h = run(
         sdf,
         sink=sink,
-        path=str(out / "stream"),
         checkpoint_location=str(chk),
         trigger={"availableNow": True},
         metastore_url=url,
+        **_target(sink, out, "stream"),
     )
     assert isinstance(h, StreamingHandle)
     h.await_termination()
@@ -79,17 +105,18 @@ def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
             "the batch"
         )
 
-    # 3. Verify with an independent reader (pyarrow).
+    # 3. Verify with an independent reader (pyarrow, or a pyiceberg scan).
     ok = True
+    leftovers: list[str] = []
     for name in ("batch", "stream"):
-        t = ds.dataset(out / name, format="parquet", partitioning="hive").to_table()
-        ids = sorted(t.column("id").to_pylist())
+        ids, left = _read_ids(sink, out, name)
+        leftovers += left
         good = ids == list(range(total))
         ok &= good
         _say(f"verify {name}: {len(ids)} rows read back, {'exactly once' if good else 'MISMATCH'}")
-    staged = [p for p in out.rglob("_eosink_staging/**/*") if p.is_file()]
-    _say(f"staged files left behind: {len(staged)}")
-    ok &= not staged
+    what = "unreferenced data files" if sink == "iceberg" else "staged files"
+    _say(f"{what} left behind: {len(leftovers)}")
+    ok &= not leftovers
     spark.stop()
     _say("OK: every row landed exactly once" if ok else "FAILED")
     _say(f"inspect the meta store with: eosink status --metastore-url '{url}'")

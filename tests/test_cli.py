@@ -64,3 +64,11 @@ def test_status_hides_passwords_and_reports_unreachable() -> None:
     res = _cli("status", "--metastore-url", "postgresql://u:hunter2@127.0.0.1:1/x", check=False)
     assert res.returncode == 2
     assert "unreachable" in res.stderr and "hunter2" not in res.stderr + res.stdout
+
+
+def test_demo_iceberg(tmp_path: Path) -> None:
+    res = _cli("demo", "--sink", "iceberg", "--dir", str(tmp_path), "--rows", "900")
+    assert "verify batch: 900 rows read back, exactly once" in res.stdout
+    assert "verify stream: 900 rows read back, exactly once" in res.stdout
+    assert "unreferenced data files left behind: 0" in res.stdout
+    assert "OK: every row landed exactly once" in res.stdout
