@@ -79,3 +79,63 @@ def spark():  # type: ignore[no-untyped-def]
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real S3 HTTP API on 127.0.0.1: moto's standalone server process."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # The server of this environment's moto (a moto_server elsewhere on PATH may be older).
+    exe = str(Path(sys.executable).parent / "moto_server")
+    if not Path(exe).exists():
+        exe = shutil.which("moto_server") or exe
+    log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
+    endpoint = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(endpoint, timeout=1)
+            break
+        except Exception:
+            if proc.poll() is not None:
+                pytest.fail(f"moto_server exited with {proc.returncode}; see {log.name}")
+            time.sleep(0.1)
+    else:
+        pytest.fail("moto_server did not start")
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    yield endpoint
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
+
+
+def s3_catalog(endpoint: str, catalog_uri: str) -> dict[str, str]:
+    """Iceberg SQL catalog properties with a warehouse in a fresh bucket of the S3 server."""
+    import boto3
+
+    bucket = f"wh-{uuid.uuid4().hex[:12]}"
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket=bucket)
+    return {
+        "type": "sql",
+        "uri": catalog_uri,
+        "warehouse": f"s3://{bucket}/wh",
+        "s3.endpoint": endpoint,
+        "s3.access-key-id": "testing",
+        "s3.secret-access-key": "testing",
+        "s3.region": "us-east-1",
+    }

@@ -29,6 +29,7 @@ def main() -> int:
     p.add_argument("--format", default="parquet")
     p.add_argument("--sink", default="file", choices=["file", "iceberg"])
     p.add_argument("--catalog-uri", default="", help="iceberg: SQL catalog URL (default SQLite)")
+    p.add_argument("--catalog-json", default="", help="iceberg: all catalog properties, JSON")
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -46,7 +47,9 @@ def main() -> int:
         opts.update(path=a.out, format=a.format)
     else:
         opts["table"] = "db.events"
-        if a.catalog_uri:
+        if a.catalog_json:
+            opts["catalog"] = json.loads(a.catalog_json)
+        elif a.catalog_uri:
             opts["catalog"] = {"type": "sql", "uri": a.catalog_uri, "warehouse": f"file://{a.out}"}
         else:
             opts["warehouse"] = a.out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -126,7 +127,9 @@ class Job:
         import eosink
 
         opts: dict[str, Any] = {"table": "db.events"}
-        if self.extra.get("catalog_uri"):
+        if self.extra.get("catalog_json"):
+            opts["catalog"] = json.loads(self.extra["catalog_json"])
+        elif self.extra.get("catalog_uri"):
             opts["catalog"] = {
                 "type": "sql",
                 "uri": self.extra["catalog_uri"],

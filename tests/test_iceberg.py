@@ -34,12 +34,20 @@ def orphan_files(options: Any) -> list[str]:
         table = cat.load_table(options.table)
     except NoSuchTableError:
         return []
-    root = Path(table.location().removeprefix("file://")) / "data"
-    present = {str(p) for p in root.rglob("*.parquet")} if root.exists() else set()
+    from pyarrow import fs as pafs
+    from pyiceberg.io.pyarrow import PyArrowFileIO
+
+    # List the location with pyarrow, on the local disk or the S3 server alike.
+    scheme, netloc, root = PyArrowFileIO.parse_location(table.location() + "/data")
+    filesystem = PyArrowFileIO(options.catalog_properties()).fs_by_scheme(scheme, netloc)
+    infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+    present = {
+        i.path for i in infos if i.type == pafs.FileType.File and i.path.endswith(".parquet")
+    }
     referenced: set[str] = set()
     for snap in table.snapshots():
         for task in table.scan(snapshot_id=snap.snapshot_id).plan_files():
-            referenced.add(task.file.file_path.removeprefix("file://"))
+            referenced.add(task.file.file_path.split("://", 1)[-1])
     return sorted(present - referenced)
 
 
@@ -54,6 +62,30 @@ class TestIcebergSqliteConformance(SinkConformance):
 
     def leftovers(self, options: Any) -> list[str]:
         return orphan_files(options)
+
+
+class TestIcebergS3WarehouseConformance(TestIcebergSqliteConformance):
+    @pytest.fixture(autouse=True)
+    def _s3(self, s3_endpoint: str) -> None:
+        self.endpoint = s3_endpoint
+
+    def make_options(self, tmp_path: Path) -> dict[str, Any]:
+        from conftest import s3_catalog
+
+        cat = s3_catalog(self.endpoint, f"sqlite:///{tmp_path / 'cat.db'}")
+        return {"table": "db.events", "catalog": cat}
+
+    def test_files_are_on_the_s3_server(self, setup: Any) -> None:
+        import boto3
+
+        plugin, options = setup
+        coord, committable = self._epoch(plugin, options, 0, 0)
+        coord.commit(0, committable)
+        bucket = options.catalog["warehouse"].split("/")[2]
+        s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1")
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
+        assert any(k.endswith(".parquet") and "/data/" in k for k in keys)
+        assert sorted(int(r["id"]) for r in self.read_rows(options)) == list(range(10))
 
 
 class TestIcebergPostgresCatalogConformance(TestIcebergSqliteConformance):
@@ -291,7 +323,8 @@ def test_snapshot_expiry_keeps_the_newest(tmp_path: Path) -> None:
     assert len(table.snapshots()) == 5
     assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(12))
     # Idempotency survives expiry: the table property remembers the last epoch.
-    assert all(s.summary.additional_properties.get("eosink.epoch") != "3"
-               for s in table.snapshots())  # epoch 3's snapshot is expired
+    assert all(
+        s.summary.additional_properties.get("eosink.epoch") != "3" for s in table.snapshots()
+    )  # epoch 3's snapshot is expired
     coord.commit(3, committables[3])
     assert len(table.refresh().scan().to_arrow()) == 12

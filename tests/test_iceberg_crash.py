@@ -6,6 +6,7 @@ references (orphans), on SQLite and PostgreSQL catalogs and meta stores.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,24 +26,31 @@ CASES = [
 ]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
-    """(meta store URL, iceberg SQL catalog URI) on one kind of database."""
+@pytest.fixture(params=["sqlite", "postgres", "s3"])
+def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, str]]:
+    """(meta store URL, crash job options): SQLite catalog and warehouse on local disk,
+    PostgreSQL catalog and meta store, or a warehouse on the S3 server."""
+    sqlite = f"sqlite:///{tmp_path / 'metastore.db'}"
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'metastore.db'}", ""
+        return sqlite, {}
+    if request.param == "s3":
+        from conftest import s3_catalog
+
+        endpoint = str(request.getfixturevalue("s3_endpoint"))
+        cat = s3_catalog(endpoint, f"sqlite:///{tmp_path / 'catalog.db'}")
+        return sqlite, {"catalog_json": json.dumps(cat)}
     url = str(request.getfixturevalue("fresh_pg_url"))
-    return url, url
+    return url, {"catalog_uri": url}
 
 
 @pytest.mark.parametrize(
     ("mode", "faults"), CASES, ids=lambda c: "+".join(c) if isinstance(c, list) else c
 )
 def test_iceberg_crash(
-    tmp_path: Path, catalog: tuple[str, str], mode: str, faults: list[str]
+    tmp_path: Path, catalog: tuple[str, dict[str, str]], mode: str, faults: list[str]
 ) -> None:
-    metastore, catalog_uri = catalog
-    extra = {"sink": "iceberg", "catalog_uri": catalog_uri} if catalog_uri else {"sink": "iceberg"}
-    job = Job(tmp_path, mode, metastore, **extra)
+    metastore, extra = catalog
+    job = Job(tmp_path, mode, metastore, sink="iceberg", **extra)
     expected = make_input(job.input)
     for fault in faults:
         assert job.run(fault=fault) == -9, job.last_log()

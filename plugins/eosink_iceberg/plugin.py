@@ -529,16 +529,22 @@ class IcebergCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], 
         if table is None:
             return []
         from pyarrow import fs as pafs
+        from pyiceberg.io.pyarrow import PyArrowFileIO
 
         loc = table.location().rstrip("/") + "/data"
         try:
-            filesystem, root = pafs.FileSystem.from_uri(loc)
+            # pyiceberg's own filesystem for the location: endpoint and credentials applied.
+            scheme_name, netloc, root = PyArrowFileIO.parse_location(loc)
+            filesystem = PyArrowFileIO(self.opts.catalog_properties()).fs_by_scheme(
+                scheme_name, netloc
+            )
             infos = filesystem.get_file_info(
                 pafs.FileSelector(root, recursive=True, allow_not_found=True)
             )
         except Exception:
+            log.warning("iceberg: cannot list %s", loc, exc_info=True)
             return []
-        scheme = loc.split("://", 1)[0] + "://" if "://" in loc else ""
+        scheme = "" if scheme_name == "file" else f"{scheme_name}://"
         out = []
         for info in infos:
             if info.type == pafs.FileType.File:
