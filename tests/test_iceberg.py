@@ -328,3 +328,21 @@ def test_snapshot_expiry_keeps_the_newest(tmp_path: Path) -> None:
     )  # epoch 3's snapshot is expired
     coord.commit(3, committables[3])
     assert len(table.refresh().scan().to_arrow()) == 12
+
+
+def test_missing_pyiceberg_names_the_extra(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['pyiceberg'] = None\n"
+        "import eosink\n"
+        "sink = eosink.get_sink('iceberg')\n"
+        f"opts = sink.parse_options({{'table': 'db.t', 'warehouse': {str(tmp_path)!r}}})\n"
+        "try:\n"
+        "    sink.coordinator_factory(opts, 'x')\n"
+        "except eosink.MissingExtraError as e:\n"
+        "    assert isinstance(e, ImportError); print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'eosink[iceberg]'" in out.stdout
