@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +32,10 @@ from pyspark.sql.types import StructType
 from ._checkpoint import CheckpointDir
 from ._metastore import COMMITTED, PENDING, MetaStore, default_url
 from ._protocol import SinkRuntime
+from ._spark import run_writer
 from .errors import ConfigError
-from .faults import fault_point
 from .registry import get_sink
-from .sink import SinkPlugin, WriterContext
+from .sink import SinkPlugin
 
 log = logging.getLogger("eosink")
 
@@ -109,31 +108,12 @@ def _close(rt: SinkRuntime) -> None:
 def _write(
     s: _Setup, epoch: int, skip: bool, batches: Iterator[pa.RecordBatch], setup: Any
 ) -> _Message:
-    from pyspark import TaskContext
-
     if skip:
         for _ in batches:
             pass
         return _Message(None, 0)
-    tc = TaskContext.get()
-    part = tc.partitionId() if tc else 0
-    attempt = tc.attemptNumber() if tc else 0
-    ctx = WriterContext(
-        s.sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}", setup
-    )
-    writer = s.plugin.writer_factory(s.options, ctx)
-    rows = 0
-    try:
-        writer.begin_epoch(epoch)
-        for b in batches:
-            rows += b.num_rows
-            writer.write_batch(b)
-        fault_point("task_before_finish", first_attempt=attempt == 0)
-        result = writer.finish_write(epoch)
-    except BaseException:
-        writer.abort_write()
-        raise
-    return _Message(s.plugin.write_result_codec.encode(result), rows)
+    result, rows = run_writer(s.plugin, s.options, s.sink_id, epoch, setup, batches)
+    return _Message(result, rows)
 
 
 def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], schema: pa.Schema) -> None:

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -104,35 +104,48 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
 _RESULT_SCHEMA = "result binary, rows long"
 
 
+def run_writer(
+    plugin: SinkPlugin[Any, Any, Any],
+    options: Any,
+    sink_id: str,
+    epoch: int,
+    setup: Any,
+    batches: Iterable[pa.RecordBatch],
+) -> tuple[bytes, int]:
+    """Inside a Spark task: one writer over the partition's batches -> (encoded result, rows).
+
+    A failing writer gets ``abort_write`` before the error propagates (Spark retries the task).
+    """
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    part = tc.partitionId() if tc else 0
+    attempt = tc.attemptNumber() if tc else 0
+    ctx = WriterContext(
+        sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}", setup
+    )
+    writer = plugin.writer_factory(options, ctx)
+    rows = 0
+    try:
+        writer.begin_epoch(epoch)
+        for b in batches:
+            rows += b.num_rows
+            writer.write_batch(b)
+        fault_point("task_before_finish", first_attempt=attempt == 0)
+        result = writer.finish_write(epoch)
+    except BaseException:
+        writer.abort_write()
+        raise
+    return plugin.write_result_codec.encode(result), rows
+
+
 def _task_fn(
     plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoch: int, setup: Any
 ) -> Any:
-    factory = plugin.writer_factory
-    codec = plugin.write_result_codec
-
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        part = tc.partitionId() if tc else 0
-        attempt = tc.attemptNumber() if tc else 0
-        ctx = WriterContext(
-            sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}", setup
-        )
-        writer = factory(options, ctx)
-        rows = 0
-        try:
-            writer.begin_epoch(epoch)
-            for b in batches:
-                rows += b.num_rows
-                writer.write_batch(b)
-            fault_point("task_before_finish", first_attempt=attempt == 0)
-            result = writer.finish_write(epoch)
-        except BaseException:
-            writer.abort_write()
-            raise
+        result, rows = run_writer(plugin, options, sink_id, epoch, setup, batches)
         yield pa.record_batch(
-            [pa.array([codec.encode(result)], pa.binary()), pa.array([rows], pa.int64())],
+            [pa.array([result], pa.binary()), pa.array([rows], pa.int64())],
             names=["result", "rows"],
         )
 

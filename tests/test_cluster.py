@@ -36,3 +36,18 @@ def test_cluster_exactly_once_after_driver_crash(tmp_path: Path, pg_url: str, mo
     assert staged_files(job.out) == []
     assert job.fired() == []
     assert set(epoch_states(pg_url, job.sink_id)) == {"COMMITTED"}
+
+
+def test_cluster_iceberg_after_driver_crash(tmp_path: Path, pg_url: str) -> None:
+    from test_iceberg import iceberg_rows, orphan_files
+
+    job = Job(tmp_path, "stream", pg_url, master=MASTER, sink="iceberg")
+    expected = make_input(job.input)
+    assert job.run(fault="mid_commit@2") == -9, job.last_log()
+    assert job.fired() == ["mid_commit"]
+    assert job.run() == 0, job.last_log()
+    assert _executors(job.logs[-1]) == 2
+    opts = job.iceberg_options()
+    assert sorted(r["id"] for r in iceberg_rows(opts)) == expected
+    assert orphan_files(opts) == []
+    assert set(epoch_states(pg_url, job.sink_id)) == {"COMMITTED"}

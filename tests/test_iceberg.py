@@ -177,6 +177,10 @@ def test_schema_evolution_adds_columns_and_rejects_incompatible(spark, tmp_path:
     )
     table = _table(tmp_path)
     assert [f.name for f in table.schema().fields] == ["id", "n", "extra"]
+    # The schema change and the epoch's data are one metadata commit: create, epoch 0,
+    # then epoch 1 (with the new schema); no version with the new column but not the data.
+    assert len(table.metadata.metadata_log) == 2
+    assert table.current_snapshot().schema_id == table.schema().schema_id
     assert str(table.schema().find_field("n").field_type) == "long"  # int -> long promotion
     rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
     assert [r["extra"] for r in rows] == [None] * 10 + ["new"] * 10

@@ -312,8 +312,9 @@ class IcebergWriter(CoordinatedSinkWriter[dict[str, Any]]):
             self.batches.append(batch)
 
     def finish_write(self, epoch: int) -> dict[str, Any]:
+        evolve = self.ctx.setup.get("evolve")
         if not self.batches:
-            return {"files": []}
+            return {"files": [], "evolve": evolve}
         _require()
         from pyiceberg.io import load_file_io
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
@@ -329,7 +330,7 @@ class IcebergWriter(CoordinatedSinkWriter[dict[str, Any]]):
         ):
             self.written.append(df.file_path)
             files.append(data_file_to_json(df, metadata.default_spec_id))
-        return {"files": files}
+        return {"files": files, "evolve": evolve}
 
     def abort_write(self) -> None:
         if not self.written:
@@ -378,30 +379,34 @@ class IcebergCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], 
                     f"Iceberg table {self.opts.table!r} does not exist (create_table=False)"
                 )
             ns = self.opts.table.rsplit(".", 1)[0]
+            validate_schema(self.opts, schema)
             self.catalog.create_namespace_if_not_exists(ns)
-            for p in self.opts.partition_by:
-                m = _TRANSFORM.match(p)
-                col = m.group(3) if m else p
-                if col not in schema.names:
-                    raise SchemaMismatchError(
-                        f"partition_by column {col!r} is not in the DataFrame "
-                        f"(columns: {', '.join(schema.names)})"
-                    )
             table = self.catalog.create_table_if_not_exists(self.opts.table, schema=schema)
             if self.opts.partition_by and table.spec().is_unpartitioned():
                 _partition_spec_updates(table, self.opts.partition_by)
                 table = self.catalog.load_table(self.opts.table)
             log.info("iceberg: created table %s at %s", self.opts.table, table.location())
         else:
-            table = self._evolve(table, schema)
+            metadata, evolve = self._evolve(table, schema)
+            props = self.opts.catalog_properties()
+            return {
+                "metadata": metadata.model_dump_json(),
+                "io": {**props, **table.io.properties},
+                "evolve": evolve,
+            }
         props = self.opts.catalog_properties()
         return {
             "metadata": table.metadata.model_dump_json(),
             "io": {**props, **table.io.properties},
         }
 
-    def _evolve(self, table: Any, schema: pa.Schema) -> Any:
-        """Add the DataFrame's new columns (and allowed promotions) before any file is written."""
+    def _evolve(self, table: Any, schema: pa.Schema) -> tuple[Any, dict[str, str] | None]:
+        """Stage the DataFrame's new columns (and allowed promotions) without committing.
+
+        Returns the table metadata the writers use (new columns have their field ids) and the
+        evolution to apply in the epoch's commit (None when the schema is unchanged).
+        Raises SchemaMismatchError, naming the column, before any file is written.
+        """
         from pyiceberg.io.pyarrow import pyarrow_to_schema
 
         current = table.schema()
@@ -419,12 +424,14 @@ class IcebergCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], 
                 if f.name in names and current.find_field(f.name).field_type != f.field_type
             ]
         if not touched:
-            return table
+            return table.metadata, None
         # Rows already in the table have no value for a new column: it must be optional.
         evolved = pa.schema([f.with_nullable(True) if f.name in new else f for f in schema])
         try:
-            with table.update_schema() as upd:
+            tx = table.transaction()  # staged only: applied again in the epoch's commit
+            with tx.update_schema() as upd:
                 upd.union_by_name(evolved)
+            staged = tx.table_metadata
         except Exception as exc:
             said = [n for n in touched if re.search(rf"\b{re.escape(n)}\b", str(exc))]
             col = (said or touched)[0]
@@ -434,22 +441,23 @@ class IcebergCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], 
                 + f": {exc}"
             ) from None
         log.info(
-            "iceberg: table %s schema evolved (new columns: %s)",
+            "iceberg: table %s schema evolves with this epoch (new columns: %s)",
             self.opts.table,
             ", ".join(new) or "none; promotions",
         )
-        return self.catalog.load_table(self.opts.table)
+        evolve = {
+            "arrow_schema": base64.b64encode(evolved.serialize().to_pybytes()).decode(),
+            "schema": staged.schema().model_dump_json(),
+        }
+        return staged, evolve
 
     # -- phases --------------------------------------------------------------------------
     def pre_commit(
         self, epoch: int, results: Sequence[dict[str, Any]], add_columns: Sequence[pa.Field]
     ) -> dict[str, Any]:
         files = [f for r in results for f in r["files"]]
-        return {
-            "files": files,
-            "table": self.opts.table,
-            "add_columns": [f.name for f in add_columns],
-        }
+        evolve = next((r["evolve"] for r in results if r.get("evolve")), None)
+        return {"files": files, "table": self.opts.table, "evolve": evolve}
 
     def _committed(self, table: Any, epoch: int) -> bool:
         if int(table.properties.get(self.prop, "-1")) >= epoch:
@@ -471,11 +479,14 @@ class IcebergCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], 
         if self._committed(table, epoch):
             log.info("iceberg: epoch %d of %s already committed", epoch, self.sink_id)
             return
-        if not committable["files"]:
+        evolve = committable.get("evolve")
+        if not committable["files"] and not evolve:
             return
         data_files = [data_file_from_json(f) for f in committable["files"]]
         try:
             with table.transaction() as tx:
+                if evolve:
+                    self._apply_evolution(tx, evolve, epoch)
                 props = {"eosink.sink-id": self.sink_id, "eosink.epoch": str(epoch)}
                 with tx.update_snapshot(snapshot_properties=props).fast_append() as app:
                     for i, df in enumerate(data_files):
@@ -490,6 +501,23 @@ class IcebergCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], 
         self.commits += 1
         if self.opts.expire_snapshots_keep:
             self._expire(self.opts.expire_snapshots_keep)
+
+    def _apply_evolution(self, tx: Any, evolve: dict[str, str], epoch: int) -> None:
+        """Apply the epoch's schema change in its commit; the field ids must be the writers'."""
+        from pyiceberg.schema import Schema
+
+        arrow = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(evolve["arrow_schema"])))
+        with tx.update_schema() as upd:
+            upd.union_by_name(arrow)
+        expected = Schema.model_validate_json(evolve["schema"])
+        got = tx.table_metadata.schema()
+        want = {f.field_id: (f.name, str(f.field_type)) for f in expected.fields}
+        have = {f.field_id: (f.name, str(f.field_type)) for f in got.fields}
+        if any(have.get(i) != v for i, v in want.items()):
+            raise SinkError(
+                f"epoch {epoch}: the schema of {self.opts.table!r} changed since the epoch was "
+                "written (another writer evolved it); the epoch's files use other field ids"
+            )
 
     def _expire(self, keep: int) -> None:
         table = self._table()
