@@ -495,44 +495,52 @@ def bench_iceberg(spark: Any, inp: Path, schema: Any, tmp: Path, reps: int, quic
     plugin = eosink.get_sink("iceberg")
     batch = pa.record_batch({"id": pa.array([1], pa.int64())})
 
-    def eosink_latencies(keep: int | None, tag: str) -> dict[int, float]:
+    def eosink_committer(keep: int | None, tag: str) -> Any:
         opts = plugin.parse_options(
             {"table": "b.t", "warehouse": str(tmp / f"lat-{tag}"), "expire_snapshots_keep": keep}
         )
         coord = plugin.coordinator_factory(opts, f"bench-{tag}")
         coord.init()
         setup = coord.writer_setup(batch.schema)
-        out: dict[int, list[float]] = {m: [] for m in marks}
-        for e in range(marks[-1] + 10):
-            c = coord.pre_commit(
-                e, drive_writers(plugin, opts, f"bench-{tag}", e, [[batch]], setup), []
-            )
+
+        def commit(e: int) -> float:
+            results = drive_writers(plugin, opts, f"bench-{tag}", e, [[batch]], setup)
+            c = coord.pre_commit(e, results, [])
             t0 = time.perf_counter()
             coord.commit(e, c)
-            dt = (time.perf_counter() - t0) * 1000
-            for m in marks:
-                if m <= e + 1 < m + 10:
-                    out[m].append(dt)
-        return {m: med(v) for m, v in out.items()}
+            return (time.perf_counter() - t0) * 1000
 
-    def raw_latencies() -> dict[int, float]:
+        return commit
+
+    def raw_committer() -> Any:
         cat = catalog(tmp / "lat-raw")
         cat.create_namespace_if_not_exists("b")
         table = cat.create_table("b.t", schema=pa.schema([("id", pa.int64())]))
-        out: dict[int, list[float]] = {m: [] for m in marks}
         t = pa.table({"id": pa.array([1], pa.int64())})
-        for e in range(marks[-1] + 10):
+
+        def commit(e: int) -> float:
             t0 = time.perf_counter()
             table.append(t)
-            dt = (time.perf_counter() - t0) * 1000
+            return (time.perf_counter() - t0) * 1000
+
+        return commit
+
+    # Interleaved: every contender commits once per round, so load hits all alike.
+    contenders = {
+        "raw": raw_committer(),
+        "plain": eosink_committer(None, "plain"),
+        "expire": eosink_committer(50, "expire"),
+    }
+    lat: dict[str, dict[int, list[float]]] = {k: {m: [] for m in marks} for k in contenders}
+    for e in range(marks[-1] + 10):
+        for name, commit in contenders.items():
+            dt = commit(e)
             for m in marks:
                 if m <= e + 1 < m + 10:
-                    out[m].append(dt)
-        return {m: med(v) for m, v in out.items()}
-
-    raw = raw_latencies()
-    plain = eosink_latencies(None, "plain")
-    expiring = eosink_latencies(50, "expire")
+                    lat[name][m].append(dt)
+    raw = {m: med(v) for m, v in lat["raw"].items()}
+    plain = {m: med(v) for m, v in lat["plain"].items()}
+    expiring = {m: med(v) for m, v in lat["expire"].items()}
     for m in marks:
         record(
             f"iceberg commit latency at {m} snapshots, eosink / raw pyiceberg append "
