@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from typing import Any
 
 from .errors import EosinkError
@@ -194,5 +193,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    t0 = time.time()
     sys.exit(main())
