@@ -54,7 +54,10 @@ class Codec(Protocol[T]):
         still be committed after an upgrade.
     """
 
-    version: int
+    @property
+    def version(self) -> int:
+        """The version ``encode`` writes (stored beside every encoded value)."""
+        ...
 
     def encode(self, value: T) -> bytes:
         """Return the bytes of ``value``."""

@@ -111,8 +111,8 @@ def eosink_sinks() -> list[eosink.SinkPlugin[Any, Any, Any]]:
             options_model=Options,
             writer_factory=make_writer,
             coordinator_factory=make_coordinator,
-            write_result_codec=eosink.JsonCodec(version=1),
-            committable_codec=eosink.JsonCodec(version=1),
+            write_result_codec=eosink.JsonCodec[Any](version=1),
+            committable_codec=eosink.JsonCodec[Any](version=1),
             default_sink_id=lambda o: f"jsonl_dir:{o.path}",
             description="example third-party sink: one JSON-lines file per epoch",
         )
