@@ -1,0 +1,198 @@
+"""Soak: SIGKILL the driver at random instants, over and over, per sink; count what was lost.
+
+Run outside CI, as the release check (>= 200 kills per sink)::
+
+    uv run --all-extras python -m tests.soak --kills 200
+    uv run --all-extras python -m tests.soak --sinks file --duration 600 --metastore postgres
+
+Each *run* is one job of the crash-test driver (``tests/crashjob.py``: a stream of one
+micro-batch per input file, or a batch job, alternating) on fresh input, output and state.
+The driver is killed (SIGKILL of its whole process group: Python, JVM and Python workers) at
+a random instant, restarted and killed again, up to ``--max-kills-per-run`` times, then
+allowed to finish. An independent reader (pyarrow for files, a pyiceberg scan for Iceberg)
+then compares the output with the input row by row. One line per sink sums it up::
+
+    file     runs=61 kills=203 rows=146400 lost=0 duplicated=0 leftovers=0 failed=0 time=28m12s
+
+``lost``: input ids missing from the output; ``duplicated``: extra copies of ids;
+``leftovers``: staged files, orphaned data files, and PENDING or ABORTED epochs left in the
+meta store after the final run. The exit code is 1 when any of them is not 0 or a final run
+failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+
+from harness import Job, epoch_states, make_input, read_ids, staged_files  # noqa: E402
+
+SINKS = ("file", "iceberg")
+
+
+@dataclass
+class Tally:
+    sink: str
+    runs: int = 0
+    kills: int = 0
+    rows: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    leftovers: int = 0
+    failed: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.lost or self.duplicated or self.leftovers or self.failed)
+
+    def line(self) -> str:
+        m, s = divmod(int(self.seconds), 60)
+        return (
+            f"{self.sink:<8} runs={self.runs} kills={self.kills} rows={self.rows} "
+            f"lost={self.lost} duplicated={self.duplicated} leftovers={self.leftovers} "
+            f"failed={self.failed} time={m}m{s:02d}s"
+        )
+
+
+def _read(job: Job, sink: str) -> tuple[list[int], list[str]]:
+    """(ids in the output, leftover files) as an independent reader sees them."""
+    if sink == "file":
+        return read_ids(job.out), staged_files(job.out)
+    from test_iceberg import iceberg_rows, orphan_files
+
+    opts = job.iceberg_options()
+    return [int(r["id"]) for r in iceberg_rows(opts)], orphan_files(opts)
+
+
+def one_run(
+    tmp: Path, sink: str, mode: str, metastore: str, rng: random.Random, args: argparse.Namespace
+) -> tuple[int, list[int], list[int], list[str], bool, str]:
+    """One job killed up to N times then finished: (kills, expected, got, leftovers, ok, log)."""
+    job = Job(tmp, mode, metastore, sink=sink)
+    expected = make_input(job.input, files=args.files, rows=args.rows)
+    kills = 0
+    for _ in range(args.max_kills_per_run):
+        code = job.run(kill_after=rng.uniform(args.min_kill, args.max_kill))
+        if code == 0:
+            break  # it finished before the instant drawn
+        if code != -9:
+            return kills, expected, [], [], False, job.last_log()
+        kills += 1
+    code = job.run()
+    if code != 0:
+        return kills, expected, [], [], False, job.last_log()
+    got, files = _read(job, sink)
+    states = epoch_states(metastore, job.sink_id)
+    leftovers = files + [
+        f"{s} epoch {e}" for s in ("PENDING", "ABORTED") for e in states.get(s, [])
+    ]
+    return kills, expected, sorted(got), leftovers, True, ""
+
+
+def soak(sink: str, metastore_url: str | None, args: argparse.Namespace) -> Tally:
+    tally = Tally(sink)
+    rng = random.Random(f"{args.seed}-{sink}")
+    started = time.monotonic()
+    while tally.kills < args.kills and (
+        not args.duration or time.monotonic() - started < args.duration
+    ):
+        mode = "stream" if tally.runs % 2 == 0 else "batch"
+        tmp = Path(tempfile.mkdtemp(prefix=f"eosink-soak-{sink}-"))
+        metastore = metastore_url or f"sqlite:///{tmp / 'metastore.db'}"
+        if metastore_url and "postgres" in metastore_url:
+            from conftest import create_pg_database
+
+            metastore = create_pg_database()
+        kills, expected, got, leftovers, ok, log = one_run(tmp, sink, mode, metastore, rng, args)
+        tally.runs += 1
+        tally.kills += kills
+        tally.rows += len(expected)
+        if not ok:
+            tally.failed += 1
+            tally.notes.append(f"run {tally.runs} ({mode}) failed, kept {tmp}:\n{log[-2000:]}")
+        else:
+            counts = collections.Counter(got)
+            tally.lost += len(set(expected) - set(counts))
+            tally.duplicated += sum(c - 1 for c in counts.values() if c > 1)
+            tally.leftovers += len(leftovers)
+            if set(counts) != set(expected) or len(got) != len(expected) or leftovers:
+                tally.notes.append(f"run {tally.runs} ({mode}) wrong output, kept {tmp}")
+            elif not args.keep:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if metastore_url:
+                    from conftest import drop_pg_database
+
+                    drop_pg_database(metastore)
+        tally.seconds = time.monotonic() - started
+        print(f"  {tally.line()}", flush=True)
+    return tally
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__.split("\n")[0])
+    p.add_argument("--sinks", default=",".join(SINKS), help="comma-separated: file,iceberg")
+    p.add_argument("--kills", type=int, default=200, help="kills per sink (default 200)")
+    p.add_argument("--duration", type=float, default=0, help="max seconds per sink (0: none)")
+    p.add_argument("--metastore", choices=["sqlite", "postgres"], default="sqlite")
+    p.add_argument("--files", type=int, default=6, help="input files (= micro-batches) per run")
+    p.add_argument("--rows", type=int, default=400, help="rows per input file")
+    p.add_argument("--min-kill", type=float, default=1.0, help="earliest kill, s after start")
+    p.add_argument("--max-kill", type=float, default=22.0, help="latest kill, s after start")
+    p.add_argument("--max-kills-per-run", type=int, default=4)
+    p.add_argument("--seed", default="soak")
+    p.add_argument("--keep", action="store_true", help="keep every run's directory")
+    args = p.parse_args(argv)
+    sinks = [s for s in args.sinks.split(",") if s]
+    unknown = sorted(set(sinks) - set(SINKS))
+    if unknown:
+        p.error(f"unknown sink(s) {unknown}; known: {', '.join(SINKS)}")
+
+    import os
+
+    if os.environ.get("EOSINK_TEST_CDS", "1") != "0":
+        from jvm import build_spark_cds_archive, spark_cds_archive_path
+
+        archive = spark_cds_archive_path()
+        if not archive.exists():
+            print("building the Spark driver's class-data-sharing archive (once)", flush=True)
+        if build_spark_cds_archive(archive, sys.executable):
+            os.environ["EOSINK_TEST_CDS"] = str(archive)
+    server = None
+    metastore_url = None
+    if args.metastore == "postgres":
+        from services import EmbeddedPostgres
+
+        if not os.environ.get("EOSINK_TEST_PG"):
+            server = EmbeddedPostgres()
+            os.environ["EOSINK_TEST_PG"] = server.url
+        metastore_url = os.environ["EOSINK_TEST_PG"]
+    try:
+        tallies = []
+        for sink in sinks:
+            print(f"soak {sink}: {args.kills} kills, meta store {args.metastore}", flush=True)
+            tallies.append(soak(sink, metastore_url, args))
+    finally:
+        if server is not None:
+            server.stop()
+    print("summary")
+    for t in tallies:
+        print(t.line())
+        for note in t.notes:
+            print("   ", note)
+    return 0 if all(t.ok for t in tallies) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
