@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import time
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
@@ -38,8 +39,15 @@ def main() -> int:
 
     spark = eosink.spark_session(a.master, app_name="eosink-crashjob")
     spark.sparkContext.setLogLevel("ERROR")
-    # Executors registered with the driver (the driver itself is not counted).
-    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+    # Executors registered with the driver (the driver itself is not counted). On a
+    # local-cluster master they register asynchronously: wait for all of them (60 s at most).
+    wanted = int(a.master.split("[", 1)[1].split(",", 1)[0]) if "cluster" in a.master else 0
+    deadline = time.monotonic() + 60
+    while True:
+        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
+        if executors >= wanted or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     print(f"EXECUTORS {executors}", flush=True)
     schema = "id long, grp string, payload string"
     opts: dict[str, object] = {"metastore_url": a.metastore}

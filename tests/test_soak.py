@@ -45,8 +45,8 @@ def test_soak_command_kills_and_verifies_each_sink() -> None:
     summary = res.stdout.split("summary\n", 1)[1]
     for sink in ("file", "iceberg"):
         m = re.search(
-            rf"^{sink} +runs=(\d+) kills=(\d+) rows=(\d+) lost=0 duplicated=0 leftovers=0 "
-            r"failed=0 time=\d+m\d\ds$",
+            rf"^{sink} +runs=(\d+) kills=(\d+) in_protocol=\d+ rows=(\d+) "
+            r"lost=0 duplicated=0 leftovers=0 failed=0 time=\d+m\d\ds$",
             summary,
             re.M,
         )
