@@ -76,11 +76,18 @@ class Job:
         return args
 
     def run(
-        self, fault: str | None = None, kill_after: float | None = None, timeout: float = 300
+        self,
+        fault: str | None = None,
+        kill_after: float | None = None,
+        timeout: float = 300,
+        kill_in_protocol: float | None = None,
     ) -> int:
         """Run the driver; with ``fault`` it must die by SIGKILL at that point.
 
         ``kill_after`` kills the whole driver (Python and JVM) after that many seconds.
+        ``kill_in_protocol`` kills it that many seconds after the meta store's record of the
+        sink first changes in this run (an epoch persisted, committed or aborted), so that the
+        kill lands inside the protocol rather than in Spark's start-up.
         Returns the exit code (-9 when killed).
         """
         env = dict(os.environ)
@@ -106,6 +113,9 @@ class Job:
                 self.argv(), env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
             )
             try:
+                if kill_in_protocol is not None:
+                    self._wait_for_protocol(proc, timeout)
+                    kill_after = kill_in_protocol
                 code = proc.wait(timeout=kill_after if kill_after is not None else timeout)
             except subprocess.TimeoutExpired:
                 if kill_after is None:
@@ -123,6 +133,22 @@ class Job:
                 time.sleep(0.2)
         self.logs.append(log.read_text())
         return code
+
+    def _state(self) -> list[tuple[str, int]]:
+        try:
+            states = epoch_states(self.metastore, self.sink_id)
+        except Exception:  # no schema yet
+            return []
+        return sorted((s, e) for s, epochs in states.items() for e in epochs)
+
+    def _wait_for_protocol(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        """Return once the sink's meta store rows differ from before, or the driver ended."""
+        before = self._state()
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            if self._state() != before:
+                return
+            time.sleep(0.05)
 
     def fired(self) -> list[str]:
         """The fault points that killed a process during the last run."""

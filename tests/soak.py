@@ -9,13 +9,16 @@ Each *run* is one job of the crash-test driver (``tests/crashjob.py``: a stream 
 micro-batch per input file, or a batch job, alternating) on fresh input, output and state.
 The driver is killed (SIGKILL of its whole process group: Python, JVM and Python workers) at
 a random instant, restarted and killed again, up to ``--max-kills-per-run`` times, then
-allowed to finish. An independent reader (pyarrow for files, a pyiceberg scan for Iceberg)
-then compares the output with the input row by row. One line per sink sums it up::
+allowed to finish. Half of the instants (``--protocol-share``) are drawn from the first change
+of the sink's meta store rows in that run (0..``--protocol-window`` s after it), the others
+from the driver's start (``--min-kill``..``--max-kill`` s), which may land in Spark's start-up.
+An independent reader (pyarrow for files, a pyiceberg scan for Iceberg) then compares the
+output with the input row by row. One line per sink sums it up::
 
     file     runs=61 kills=203 in_protocol=151 rows=146400 lost=0 duplicated=0 leftovers=0 ...
 
-``in_protocol``: kills that landed once the meta store held an epoch of the sink (the others
-hit Spark's start-up); ``lost``: input ids missing from the output; ``duplicated``: extra
+``in_protocol``: kills that landed after the sink's meta store rows changed in that run (the
+others hit Spark's start-up); ``lost``: input ids missing from the output; ``duplicated``: extra
 copies of ids; ``leftovers``: staged files, orphaned data files, and PENDING or ABORTED
 epochs left in the meta store after the final run. The exit code is 1 when any of them is
 not 0 or a final run failed.
@@ -79,34 +82,30 @@ def _read(job: Job, sink: str) -> tuple[list[int], list[str]]:
     return [int(r["id"]) for r in iceberg_rows(opts)], orphan_files(opts)
 
 
-def _epochs_recorded(metastore: str, sink_id: str) -> int:
-    """How many epochs of the sink the meta store holds (0 before its schema exists)."""
-    try:
-        return sum(len(v) for v in epoch_states(metastore, sink_id).values())
-    except Exception:
-        return 0
-
-
 def one_run(
     tmp: Path, sink: str, mode: str, metastore: str, rng: random.Random, args: argparse.Namespace
 ) -> tuple[int, int, list[int], list[int], list[str], bool, str]:
     """One job killed up to N times then finished.
 
     Returns (kills, kills in protocol, expected, got, leftovers, ok, log); a kill is *in
-    protocol* when the meta store already held an epoch of the sink when it landed (the
+    protocol* when the sink's meta store rows had changed in that run when it landed (the
     others hit Spark's or Python's start-up, which proves less).
     """
     job = Job(tmp, mode, metastore, sink=sink)
     expected = make_input(job.input, files=args.files, rows=args.rows)
     kills = in_protocol = 0
     for _ in range(args.max_kills_per_run):
-        code = job.run(kill_after=rng.uniform(args.min_kill, args.max_kill))
+        before = job._state()
+        if rng.random() < args.protocol_share:
+            code = job.run(kill_in_protocol=rng.uniform(0.0, args.protocol_window))
+        else:
+            code = job.run(kill_after=rng.uniform(args.min_kill, args.max_kill))
         if code == 0:
             break  # it finished before the instant drawn
         if code != -9:
             return kills, in_protocol, expected, [], [], False, job.last_log()
         kills += 1
-        in_protocol += _epochs_recorded(metastore, job.sink_id) > 0
+        in_protocol += job._state() != before
     code = job.run()
     if code != 0:
         return kills, in_protocol, expected, [], [], False, job.last_log()
@@ -170,6 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=400, help="rows per input file")
     p.add_argument("--min-kill", type=float, default=1.0, help="earliest kill, s after start")
     p.add_argument("--max-kill", type=float, default=22.0, help="latest kill, s after start")
+    p.add_argument(
+        "--protocol-share",
+        type=float,
+        default=0.5,
+        help="share of kills drawn from the first meta store change of the run (default 0.5)",
+    )
+    p.add_argument(
+        "--protocol-window",
+        type=float,
+        default=3.0,
+        help="those kills land 0..N s after that change (default 3)",
+    )
     p.add_argument("--max-kills-per-run", type=int, default=4)
     p.add_argument("--seed", default="soak")
     p.add_argument("--keep", action="store_true", help="keep every run's directory")

@@ -162,16 +162,28 @@ def test_random_kills(
 ) -> None:
     """Kill the whole driver (Python and JVM) at random instants, then let it finish.
 
-    The release soak (``python -m tests.soak``, docs/testing.md) does this hundreds of times.
+    Kills alternate between an instant drawn from the first change of the sink's meta store
+    rows in that run (so that kills provably land inside the protocol) and one drawn from
+    the start of the driver (which may land in Spark's start-up). The release soak
+    (``python -m tests.soak``, docs/testing.md) does this hundreds of times.
     """
     metastore_url = metastore_for(store, request, tmp_path)
     rng = random.Random(f"{mode}-{metastore_url[:6]}")
     job = Job(tmp_path, mode, metastore_url)
     expected = make_input(job.input, files=6)
-    for _ in range(4):
-        code = job.run(kill_after=rng.uniform(4.0, 16.0))
+    in_protocol = 0
+    # A batch job has one epoch: its protocol lasts from PENDING to exit, about a second.
+    window = 0.5 if mode == "batch" else 2.5
+    for attempt in range(4):
+        if attempt % 2 == 0:
+            code = job.run(kill_in_protocol=rng.uniform(0.0, window))
+            in_protocol += code == -9
+        else:
+            code = job.run(kill_after=rng.uniform(4.0, 16.0))
+        assert code in (0, -9), job.last_log()
         if code == 0:
             break
+    assert in_protocol >= 1, "no kill landed after the protocol started"
     assert job.run() == 0, job.last_log()
     _check(job, expected)
 
