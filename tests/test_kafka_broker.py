@@ -9,10 +9,12 @@ and ``read_uncommitted`` (the aborted ones are there too).
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
-from jvm import KAFKA_RUNTIME, cache_root, fetch
+from jvm import KAFKA_RUNTIME, MissingToolError, cache_root, fetch, java
 
 
 def _consume(bootstrap: str, topic: str, isolation: str, partitions: int = 1) -> list[bytes]:
@@ -49,6 +51,16 @@ def test_jar_cache_is_reused(kafka: Any) -> None:
     jars = fetch(KAFKA_RUNTIME)  # the fixture fetched them: this is a cache hit
     assert any(j.name.startswith("kafka_2.13-") for j in jars)
     assert all(cache_root() in j.parents for j in jars)
+
+
+def test_missing_maven_or_java_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EOSINK_JAR_CACHE", str(tmp_path / "jars"))  # nothing cached
+    monkeypatch.setenv("PATH", str(tmp_path))  # no mvn, no java
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    with pytest.raises(MissingToolError, match=r"'mvn' is not installed.*apt-get install maven"):
+        fetch(KAFKA_RUNTIME)
+    with pytest.raises(MissingToolError, match=r"'java' is not installed.*Java 17"):
+        java()
 
 
 def test_produce_and_consume(kafka: Any) -> None:
