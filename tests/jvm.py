@@ -78,6 +78,12 @@ def _pom(coordinates: Sequence[str]) -> str:
     )
 
 
+_CENTRAL_ONLY = (
+    "<settings><mirrors><mirror><id>central-for-all</id><mirrorOf>*</mirrorOf>"
+    "<url>https://repo.maven.apache.org/maven2</url></mirror></mirrors></settings>"
+)
+
+
 def fetch(coordinates: Sequence[str], timeout: float = 900) -> list[Path]:
     """The jars of ``coordinates`` and their runtime dependencies, fetched once and cached.
 
@@ -101,12 +107,20 @@ def fetch(coordinates: Sequence[str], timeout: float = 900) -> list[Path]:
         work = Path(tempfile.mkdtemp(prefix="eosink-mvn-"))
         try:
             (work / "pom.xml").write_text(_pom(coordinates))
+            # Spark's POMs name extra repositories (a GCS mirror) that this network cannot
+            # reach and Maven stops at the first unreachable one: send every repository to
+            # Maven Central. EOSINK_MAVEN_SETTINGS names a settings.xml to use instead.
+            settings = os.environ.get("EOSINK_MAVEN_SETTINGS") or str(work / "settings.xml")
+            if not os.environ.get("EOSINK_MAVEN_SETTINGS"):
+                (work / "settings.xml").write_text(_CENTRAL_ONLY)
             staging = target / f".partial-{uuid.uuid4().hex[:8]}"
             proc = subprocess.run(
                 [
                     mvn,
                     "-B",
                     "-q",
+                    "-s",
+                    settings,
                     "-f",
                     str(work / "pom.xml"),
                     "dependency:copy-dependencies",
