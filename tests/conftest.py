@@ -18,12 +18,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from services import EmbeddedPostgres
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 TESTS = Path(__file__).resolve().parent
-_EMBEDDED: list[object] = []
+_EMBEDDED: list[EmbeddedPostgres] = []
 _BACKGROUND: list[subprocess.Popen[bytes]] = []
 
 
@@ -50,8 +51,6 @@ def pytest_configure(config: pytest.Config) -> None:
                 )
             )
     if not os.environ.get("EOSINK_TEST_PG"):
-        from services import EmbeddedPostgres
-
         server = EmbeddedPostgres()
         _EMBEDDED.append(server)
         os.environ["EOSINK_TEST_PG"] = server.url
@@ -63,7 +62,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     while _EMBEDDED:
         server = _EMBEDDED.pop()
         os.environ.pop("EOSINK_TEST_PG", None)
-        server.stop()  # type: ignore[attr-defined]
+        server.stop()
 
 
 def pg_admin_url() -> str:
