@@ -139,14 +139,12 @@ def spark():  # type: ignore[no-untyped-def]
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real S3 HTTP API on 127.0.0.1: moto's standalone server process."""
     import shutil
-    import socket
-    import subprocess
     import time
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from jvm import free_port
+
+    port = free_port()
     # The server of this environment's moto (a moto_server elsewhere on PATH may be older).
     exe = str(Path(sys.executable).parent / "moto_server")
     if not Path(exe).exists():

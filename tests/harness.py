@@ -94,11 +94,11 @@ class Job:
         env.pop("EOSINK_FAULT", None)
         # Short-lived drivers start faster with the C1 JIT only, and with Spark's classes
         # from a class-data-sharing archive once conftest has built it (tests/jvm.py).
-        env.setdefault("JDK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        from jvm import FAST_JVM_FLAGS, driver_submit_args
+
+        env.setdefault("JDK_JAVA_OPTIONS", " ".join(FAST_JVM_FLAGS))
         archive = os.environ.get("EOSINK_TEST_CDS", "0")
         if archive != "0" and "PYSPARK_SUBMIT_ARGS" not in env:
-            from jvm import driver_submit_args
-
             submit = driver_submit_args(Path(archive))
             if submit:
                 env["PYSPARK_SUBMIT_ARGS"] = submit

@@ -34,7 +34,7 @@ KAFKA = f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}"
 KAFKA_RUNTIME = [KAFKA, "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3"]
 
 # JVM flags that make short-lived test JVMs start faster and use less memory.
-FAST_JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xshare:auto"]
+FAST_JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 
 
 class MissingToolError(RuntimeError):
@@ -110,9 +110,10 @@ def fetch(coordinates: Sequence[str], timeout: float = 900) -> list[Path]:
             # Spark's POMs name extra repositories (a GCS mirror) that this network cannot
             # reach and Maven stops at the first unreachable one: send every repository to
             # Maven Central. EOSINK_MAVEN_SETTINGS names a settings.xml to use instead.
-            settings = os.environ.get("EOSINK_MAVEN_SETTINGS") or str(work / "settings.xml")
-            if not os.environ.get("EOSINK_MAVEN_SETTINGS"):
-                (work / "settings.xml").write_text(_CENTRAL_ONLY)
+            settings = os.environ.get("EOSINK_MAVEN_SETTINGS")
+            if not settings:
+                settings = str(work / "settings.xml")
+                Path(settings).write_text(_CENTRAL_ONLY)
             staging = target / f".partial-{uuid.uuid4().hex[:8]}"
             proc = subprocess.run(
                 [
