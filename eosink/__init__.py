@@ -26,6 +26,7 @@ from .errors import (
     SchemaMismatchError,
     SchemaOutdatedError,
     SinkError,
+    SinkIdentityError,
     UnknownSinkError,
 )
 from .faults import fault_point
@@ -38,6 +39,7 @@ from .sink import (
     SinkCommitCoordinator,
     SinkPlugin,
     StagedEpochs,
+    TargetMarker,
     WriterContext,
 )
 
@@ -63,10 +65,12 @@ __all__ = [
     "SchemaOutdatedError",
     "SinkCommitCoordinator",
     "SinkError",
+    "SinkIdentityError",
     "SinkInfo",
     "SinkPlugin",
     "StagedEpochs",
     "StreamingHandle",
+    "TargetMarker",
     "UnknownSinkError",
     "WriterContext",
     "__version__",

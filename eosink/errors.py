@@ -27,6 +27,7 @@ __all__ = [
     "SchemaMismatchError",
     "SchemaOutdatedError",
     "SinkError",
+    "SinkIdentityError",
     "UnknownSinkError",
 ]
 
@@ -88,6 +89,15 @@ class SchemaMismatchError(ConfigError):
 
 class NewCheckpointError(ConfigError):
     """A streaming query started from a fresh checkpoint for a sink that already has history."""
+
+
+class SinkIdentityError(ConfigError):
+    """The sink_id, its target and the meta store disagree about which sink this is.
+
+    Raised at start, before anything is written: a sink_id reused for another target, a meta
+    store that is behind the target's marker, an explicit batch epoch that would collide
+    with another run's epochs. The message says what to do.
+    """
 
 
 class MetaStoreError(EosinkError):

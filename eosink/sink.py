@@ -35,6 +35,7 @@ __all__ = [
     "SinkCommitCoordinator",
     "SinkPlugin",
     "StagedEpochs",
+    "TargetMarker",
     "WriterContext",
 ]
 
@@ -186,6 +187,15 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
     def abort(self, epoch: int, committable: C | None) -> None:
         """Discard the epoch's staged data. Never raises."""
 
+    def target_id(self) -> str | None:
+        """A stable name of the place this sink writes to (resolved path, table uuid...).
+
+        Called after :meth:`init`. The core binds the sink_id to it in the meta store at the
+        first start; a later run of the same sink_id against another target is refused
+        (:class:`~eosink.errors.SinkIdentityError`). Default: None (no check).
+        """
+        return None
+
     def close(self) -> None:
         """Release resources. Called when the run ends."""
 
@@ -201,6 +211,37 @@ class StagedEpochs(ABC):
     @abstractmethod
     def staged_epochs(self) -> Iterable[int]:
         """Return the epochs for which anything is staged."""
+
+
+class TargetMarker(ABC):
+    """Optional mixin for a coordinator: the target itself remembers the sink.
+
+    The meta store can be lost, replaced or not shared (a new machine, another
+    ``EOSINK_HOME``); the target cannot. The core writes a small marker into the target at
+    every start and reads it back at the next one, so that a fresh checkpoint, a lost meta
+    store or a meta store that is behind the target is detected from the target alone.
+
+    The marker is a JSON-able dict written by the core with the keys ``sink_id``, ``plugin``,
+    ``target``, ``lineage`` (the current streaming lineage or None) and ``epoch_base``.
+
+    Contract:
+        Isolation: markers are per sink_id (several sinks may write to one target); a
+            coordinator reads and writes only its own sink's marker.
+        Durability: :meth:`write_marker` returns once the marker is durable.
+        last_epoch: :meth:`read_marker` adds ``last_epoch``: the newest epoch whose commit
+            reached the target, or -1. ``commit`` maintains it itself, at the latest
+            atomically with making the epoch visible (a table property in the same
+            snapshot, a marker rewritten before the files are published), and never lowers
+            it (a backfill of an older epoch keeps the maximum).
+    """
+
+    @abstractmethod
+    def read_marker(self) -> dict[str, Any] | None:
+        """This sink's marker in the target (with ``last_epoch``), or None if there is none."""
+
+    @abstractmethod
+    def write_marker(self, marker: dict[str, Any]) -> None:
+        """Store ``marker`` durably in the target, keeping the current ``last_epoch``."""
 
 
 @dataclass(frozen=True)
