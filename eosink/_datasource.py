@@ -30,8 +30,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ._checkpoint import CheckpointDir
-from ._metastore import COMMITTED, PENDING, MetaStore, default_url
-from ._protocol import SinkRuntime
+from ._metastore import BATCH, MetaStore, default_url
+from ._protocol import FINISH, SKIP, SinkRuntime
 from ._spark import run_writer
 from .errors import ConfigError
 from .registry import get_sink
@@ -94,9 +94,14 @@ def _setup(raw: dict[str, str], checkpoint: str | None) -> _Setup:
     )
 
 
-def _runtime(s: _Setup) -> SinkRuntime:
+def _runtime(s: _Setup, lineage: str = BATCH) -> SinkRuntime:
     rt = SinkRuntime(s.plugin, s.options, s.sink_id, MetaStore(s.metastore_url))
-    rt.start()
+    try:
+        rt.start()
+    except BaseException:
+        rt.store.close()
+        raise
+    rt.lineage = lineage
     return rt
 
 
@@ -147,7 +152,7 @@ class _BatchWriter(DataSourceArrowWriter):
                 log.info(
                     "sink %s epoch %d: already committed; output discarded", rt.sink_id, self.epoch
                 )
-                rt._abort(self.epoch, None)
+                rt.discard(self.epoch)
                 return
             _commit_inline(rt, self.epoch, messages, self.schema)
         finally:
@@ -156,15 +161,17 @@ class _BatchWriter(DataSourceArrowWriter):
     def abort(self, messages: list[Any]) -> None:
         rt = _runtime(self.s)
         try:
-            rt._abort(self.epoch, None)
+            rt.discard(self.epoch)
         finally:
             _close(rt)
 
 
 class _StreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, s: _Setup, base: int, schema: pa.Schema, setup: Any) -> None:
+    def __init__(
+        self, s: _Setup, base: int, lineage: str, schema: pa.Schema, setup: Any
+    ) -> None:
         self.setup = setup
-        self.s, self.base, self.schema = s, base, schema
+        self.s, self.base, self.lineage, self.schema = s, base, lineage, schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _Message:
         from pyspark import TaskContext
@@ -175,30 +182,30 @@ class _StreamWriter(DataSourceStreamArrowWriter):
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         epoch = self.base + batchId
-        rt = _runtime(self.s)
+        rt = _runtime(self.s, self.lineage)
         try:
             # Inline-mode recovery: PENDING epochs left by a crash hold complete data.
             rt.recover(
-                first_epoch=epoch + 1 if rt.status_of(epoch) == PENDING else epoch,
+                first_epoch=epoch + 1 if rt.status_of(epoch) == "PENDING" else epoch,
                 keep_staged=frozenset({epoch}),
             )
-            if rt.status_of(epoch) == COMMITTED or rt.is_committed(epoch):
+            if rt.stream_decision(epoch) == SKIP:
                 log.info(
                     "sink %s epoch %d: replay of a committed epoch; output discarded",
                     rt.sink_id,
                     epoch,
                 )
-                rt._abort(epoch, None)
+                rt.discard(epoch)
                 return
             _commit_inline(rt, epoch, messages, self.schema)
         finally:
             _close(rt)
 
     def abort(self, messages: list[Any], batchId: int) -> None:
-        rt = _runtime(self.s)
+        rt = _runtime(self.s, self.lineage)
         try:
             if rt.status_of(self.base + batchId) is None:
-                rt._abort(self.base + batchId, None)
+                rt.discard(self.base + batchId)
         finally:
             _close(rt)
 
@@ -219,10 +226,14 @@ class EosinkDataSource(DataSource):
             s.plugin.validate_schema(s.options, arrow)
         rt = _runtime(s)
         try:
-            raw = dict(self.options).get("epoch")
-            epoch = int(raw) if raw is not None else rt.store.max_epoch(s.sink_id) + 1
-            skip = rt.is_committed(epoch)
-            if rt.status_of(epoch) == PENDING:
+            raw = {k.lower(): v for k, v in dict(self.options).items()}.get("epoch")
+            try:
+                wanted = int(raw) if raw is not None else None
+            except ValueError:
+                raise ConfigError(f"option epoch must be an integer, not {raw!r}") from None
+            decision, epoch = rt.batch_decision(wanted)
+            skip = decision == SKIP
+            if decision == FINISH:
                 rt.recover(first_epoch=epoch + 1)  # a crashed run's complete epoch: finish it
                 skip = True
             elif not skip:
@@ -243,16 +254,15 @@ class EosinkDataSource(DataSource):
             s.plugin.validate_schema(s.options, arrow)
         from pyspark.sql import SparkSession
 
-        from ._spark import _epoch_base
-
         rt = _runtime(s)
         try:
             ckpt = CheckpointDir(SparkSession.getActiveSession(), checkpoint)
-            base = _epoch_base(rt, ckpt, opts.get("new_checkpoint", "refuse"))
+            base = rt.open_stream(ckpt, opts.get("new_checkpoint", "refuse"))
+            base = rt.rebase_stream(ckpt, base)
             setup = rt.coordinator.writer_setup(arrow)
         finally:
             _close(rt)
-        return _StreamWriter(s, base, arrow, setup)
+        return _StreamWriter(s, base, rt.lineage, arrow, setup)
 
 
 def register(spark: Any) -> None:

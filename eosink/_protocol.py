@@ -18,14 +18,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._metastore import ABORTED, COMMITTED, PENDING, MetaStore
-from .errors import EosinkError, FencedError
+from ._metastore import ABORTED, BATCH, COMMITTED, PENDING, MetaStore
+from .errors import EosinkError, FencedError, NewCheckpointError, SinkIdentityError
 from .faults import fault_point
-from .sink import SinkCommitCoordinator, SinkPlugin, StagedEpochs
+from .sink import SinkCommitCoordinator, SinkPlugin, StagedEpochs, TargetMarker
 
 log = logging.getLogger("eosink")
 
 __all__ = ["EpochFigures", "SinkRuntime"]
+
+SKIP, FINISH, WRITE = "skip", "finish", "write"
+"""What to do with an epoch: already committed (discard the new output), finish the commit
+of a crashed run (its PENDING row holds complete data), or write it."""
 
 
 @dataclass
@@ -83,24 +87,281 @@ class SinkRuntime:
     sink_id: str
     store: MetaStore
     gc_keep: int = 1000
+    gc_every: int = 100
     commit_retry_max_s: float = 30.0
     coordinator: SinkCommitCoordinator[Any, Any] = field(init=False)
     generation: int = field(init=False, default=0)
     figures: dict[int, EpochFigures] = field(init=False, default_factory=dict)
+    lineage: str = field(init=False, default=BATCH)
+    """``origin`` of the epochs this run writes: ``batch`` or the stream's lineage."""
+    adopted_last: int | None = field(init=False, default=None)
+    """Set when this meta store took the sink over from the target's marker."""
     _since_gc: int = field(init=False, default=0)
+    _marker: dict[str, Any] | None = field(init=False, default=None)
 
     def start(self) -> None:
-        rec = self.store.acquire(self.sink_id, self.plugin.name, None)
-        self.generation = rec.generation
-        self.coordinator = self.plugin.coordinator_factory(self.options, self.sink_id)
+        """Check the sink's identity against the meta store and the target, then acquire it.
+
+        Raises:
+            SinkIdentityError: the sink_id is bound to another target or plugin, or the meta
+                store is behind the target's marker (nothing is changed).
+        """
+        sid = self.sink_id
+        existing = self.store.sink(sid)
+        self.coordinator = self.plugin.coordinator_factory(self.options, sid)
         self.coordinator.init()
+        target = self.coordinator.target_id()
+        if existing is not None and existing.plugin != self.plugin.name:
+            raise SinkIdentityError(
+                f"sink_id {sid!r} belongs to a {existing.plugin!r} sink in meta store "
+                f"{self.store.url_redacted}; this run is a {self.plugin.name!r} sink. "
+                "Give this sink its own sink_id="
+            )
+        if existing is not None and existing.target and target and existing.target != target:
+            raise SinkIdentityError(
+                f"sink_id {sid!r} is bound to {existing.target} (meta store "
+                f"{self.store.url_redacted}), but this run writes to {target}. A sink_id names "
+                "one target, because its committed epochs are recorded against it: pass another "
+                "sink_id= for this target, or leave sink_id unset (the default is derived from "
+                "the target)"
+            )
+        marker = (
+            self.coordinator.read_marker() if isinstance(self.coordinator, TargetMarker) else None
+        )
+        known = self.store.max_epoch(sid) if existing is not None else -1
+        marked = int(marker.get("last_epoch", -1)) if marker else -1
+        if marker is not None and marked > known:
+            if known >= 0:
+                raise SinkIdentityError(
+                    f"the target of sink {sid!r} holds committed epochs up to {marked} (its "
+                    f"eosink marker), but meta store {self.store.url_redacted} knows only up to "
+                    f"{known}: it is not the store this sink was written with, or an older copy "
+                    "of it. Run with the meta store the sink was written with (metastore_url=)"
+                )
+            self.adopted_last = marked
+        rec = self.store.acquire(sid, self.plugin.name, None)
+        self.generation = rec.generation
+        if self.adopted_last is not None and marker is not None:
+            log.warning(
+                "sink %s: meta store %s has no record of this sink, but its target holds "
+                "committed epochs up to %d; taking the sink over from the target's marker "
+                "(epochs up to %d count as committed)",
+                sid,
+                self.store.url_redacted,
+                marked,
+                marked,
+            )
+            self.store.adopt(sid, self.generation, last_epoch=marked)
+            if marker.get("lineage"):
+                self.store.set_lineage(
+                    sid, self.generation, str(marker["lineage"]), int(marker["epoch_base"])
+                )
+        elif marker is None and known >= 0 and isinstance(self.coordinator, TargetMarker):
+            log.warning(
+                "sink %s: the meta store has epochs up to %d but the target has no eosink "
+                "marker (was the target deleted or recreated?); writing a new one",
+                sid,
+                known,
+            )
+        if target and (existing is None or not existing.target):
+            self.store.set_target(sid, self.generation, target)
+        self._marker = marker
+        self.write_marker()
         log.info(
             "sink %s: coordinator started (plugin %s, generation %d, meta store %s)",
-            self.sink_id,
+            sid,
             self.plugin.name,
             self.generation,
             self.store.url_redacted,
         )
+
+    def write_marker(self) -> None:
+        """Write the sink's marker into the target when it changed (TargetMarker plugins)."""
+        if not isinstance(self.coordinator, TargetMarker):
+            return
+        rec = self.store.sink(self.sink_id)
+        assert rec is not None
+        want = {
+            "sink_id": self.sink_id,
+            "plugin": self.plugin.name,
+            "target": rec.target,
+            "lineage": rec.lineage,
+            "epoch_base": rec.epoch_base,
+        }
+        have = {k: v for k, v in (self._marker or {}).items() if k != "last_epoch"}
+        if have != want:
+            self.store.assert_live(self.sink_id, self.generation)
+            self.coordinator.write_marker(want)
+            self._marker = want
+
+    # -- which epochs to write -----------------------------------------------------------
+    def batch_decision(self, epoch: int | None) -> tuple[str, int]:
+        """What a batch run does with ``epoch`` (None: the next free one).
+
+        An explicit epoch is skipped only when *that* epoch is known committed by a batch
+        run; an epoch never written is written, also below the newest one (a backfill).
+
+        Raises:
+            SinkIdentityError: the epoch belongs to a streaming query of this sink, or
+                eosink cannot tell whether it was committed.
+        """
+        sid = self.sink_id
+        if epoch is None:
+            return WRITE, self.store.max_epoch(sid) + 1
+        rec = self.store.epoch(sid, epoch)
+        if rec is not None:
+            if rec.origin not in (None, BATCH):
+                raise SinkIdentityError(
+                    f"epoch {epoch} of sink {sid!r} was written by a streaming query of this "
+                    "sink; a batch run must not reuse it. Pick an epoch above "
+                    f"{self.store.stream_high(sid)}, or leave epoch unset (the next free one)"
+                )
+            return {COMMITTED: SKIP, PENDING: FINISH}.get(rec.status, WRITE), epoch
+        high = self.store.stream_high(sid)
+        if epoch <= high:
+            raise SinkIdentityError(
+                f"sink {sid!r} has no record of epoch {epoch}, and epochs up to {high} were "
+                "written by streaming queries or are known only as committed (garbage-collected "
+                "or taken over from the target): eosink cannot tell whether this epoch is one "
+                f"of them. Pick an epoch above {high}, or leave epoch unset (the next free one)"
+            )
+        return WRITE, epoch
+
+    def stream_decision(self, epoch: int) -> str:
+        """What a streaming run does with ``epoch`` (``base + batchId``).
+
+        Raises:
+            SinkIdentityError: another run (a batch job, another checkpoint) wrote this epoch.
+            FencedError: a newer coordinator took over.
+        """
+        rec = self.store.epoch(self.sink_id, epoch)
+        if rec is not None and rec.origin not in (None, self.lineage):
+            raise SinkIdentityError(
+                f"epoch {epoch} of sink {self.sink_id!r} was written by another run "
+                f"({'a batch job' if rec.origin == BATCH else 'another checkpoint'}) while this "
+                "query was running. Restart the query: eosink then moves its epochs above every "
+                "used one"
+            )
+        if rec is None:
+            sink = self.store.sink(self.sink_id)
+            decision = SKIP if sink is not None and epoch <= sink.gc_floor else WRITE
+        elif rec.status == ABORTED:
+            self._finish_aborted(rec)
+            decision = WRITE
+        else:
+            decision = SKIP if rec.status == COMMITTED else FINISH
+        # Read first, check fencing second: a skip decided on state that a newer
+        # coordinator could have changed is never acted on.
+        self.store.assert_live(self.sink_id, self.generation)
+        return decision
+
+    def finish(self, epoch: int) -> EpochFigures:
+        """Commit ``epoch`` from its PENDING row (a crashed run's complete data)."""
+        rec = self.store.epoch(self.sink_id, epoch)
+        assert rec is not None and rec.status == PENDING and rec.committable is not None
+        log.info("sink %s epoch %d: finishing the commit of a crashed run", self.sink_id, epoch)
+        c = self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
+        fig = EpochFigures(
+            rec.epoch,
+            rec.rows,
+            rec.files,
+            rec.bytes,
+            batch_end_at=rec.batch_end_at or 0.0,
+            pre_commit_ms=rec.pre_commit_ms or 0.0,
+        )
+        self.commit_epoch(epoch, c, fig)
+        return fig
+
+    def open_stream(self, ckpt: Any, new_checkpoint: str) -> int:
+        """Map the checkpoint's batch ids to sink epochs: return the epoch base.
+
+        A checkpoint seen before keeps its lineage (and base). A fresh checkpoint on a sink
+        with history is refused (rule 5) unless ``new_checkpoint == "continue"``. A resumed
+        query whose next epochs were taken by another run meanwhile (a batch job) moves its
+        base above them.
+
+        Raises:
+            NewCheckpointError: a fresh checkpoint on a sink with history.
+            SinkIdentityError: the meta store lost commits that Spark checkpointed.
+        """
+        sid = self.sink_id
+        rec = self.store.sink(sid)
+        assert rec is not None
+        lineage = ckpt.read_lineage()
+        last_batch = ckpt.last_committed_batch()
+        nxt = 0 if last_batch is None else last_batch + 1
+        if lineage is not None and rec.lineage == lineage:
+            base = rec.epoch_base
+            self.lineage = lineage
+            if self.adopted_last is not None and base + nxt - 1 > self.adopted_last:
+                raise SinkIdentityError(
+                    f"sink {sid!r}: Spark checkpointed epochs up to {base + nxt - 1}, but the "
+                    f"target holds commits up to {self.adopted_last} only, and the meta store "
+                    f"{self.store.url_redacted} that recorded the rest is not this one (lost or "
+                    "another). Run with the original meta store (metastore_url=) to finish "
+                    "them; or, accepting that those epochs are lost, start from a new "
+                    "checkpoint_location with new_checkpoint='continue'"
+                )
+            return base
+        last = self.store.max_epoch(sid)
+        if last >= 0:
+            if new_checkpoint != "continue":
+                raise NewCheckpointError(
+                    f"sink {sid!r} already has epochs up to {last} written by other runs, and "
+                    f"checkpoint_location {ckpt.location!r} is new to it. A fresh checkpoint "
+                    "re-reads the source from its starting offsets, which would duplicate "
+                    "rows. Restart with the original checkpoint_location, or pass "
+                    "new_checkpoint='continue' to write this query's epochs after "
+                    f"epoch {last} (right when the new query's source starts where the old "
+                    "stopped)."
+                )
+            base = last + 1 - nxt
+            log.warning(
+                "sink %s: new checkpoint %s; continuing on a new epoch range from %d",
+                sid,
+                ckpt.location,
+                last + 1,
+            )
+        else:
+            base = -nxt
+        if lineage is None:
+            lineage = ckpt.write_lineage()
+            fault_point("after_lineage_written")
+        self.lineage = lineage
+        self.store.set_lineage(sid, self.generation, lineage, base)
+        self.write_marker()
+        return base
+
+    def rebase_stream(self, ckpt: Any, base: int) -> int:
+        """After recovery: move the stream's base above epochs other runs used meanwhile."""
+        last_batch = ckpt.last_committed_batch()
+        nxt = 0 if last_batch is None else last_batch + 1
+        mine = [
+            r
+            for r in self.store.epochs(self.sink_id, limit=50)
+            if r.origin in (None, self.lineage) and r.epoch >= base + nxt
+        ]
+        if mine:  # this query's own epochs ahead (inline commit before Spark's checkpoint)
+            return base
+        others = [
+            r.epoch
+            for r in self.store.epochs(self.sink_id)
+            if r.origin is not None and r.origin != self.lineage
+        ]
+        top = max(others, default=-1)
+        if top < base + nxt:
+            return base
+        new_base = top + 1 - nxt
+        log.warning(
+            "sink %s: epochs up to %d were written by other runs while this query was stopped; "
+            "its epochs continue from %d",
+            self.sink_id,
+            top,
+            top + 1,
+        )
+        self.store.set_lineage(self.sink_id, self.generation, self.lineage, new_base)
+        self.write_marker()
+        return new_base
 
     def close(self) -> None:
         try:
@@ -112,27 +373,25 @@ class SinkRuntime:
     def recover(self, first_epoch: int, keep_staged: frozenset[int] = frozenset()) -> None:
         """Apply the recovery rule before epoch ``first_epoch`` is pre-committed.
 
-        PENDING epochs below ``first_epoch`` are checkpointed: commit them. PENDING epochs at
-        or above it will be written again: abort them. Then finish every ABORTED epoch and
-        discard data staged for epochs that have no committable (except ``keep_staged``:
-        epochs being written right now).
+        PENDING epochs of this run's lineage below ``first_epoch`` are checkpointed: commit
+        them. Those at or above it will be written again: abort them. PENDING epochs of other
+        runs (a crashed batch job, another checkpoint) hold complete data: commit them (a
+        replay of theirs is then skipped). Then finish every ABORTED epoch and discard data
+        staged for epochs that have no committable (except ``keep_staged``: epochs being
+        written right now).
         """
         t0 = time.perf_counter()
         pending = self.store.epochs(self.sink_id, (PENDING,))
         for rec in pending:
-            if rec.epoch < first_epoch:
-                log.info("sink %s: recovery commits checkpointed epoch %d", self.sink_id, rec.epoch)
-                assert rec.committable is not None
-                c = self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
-                fig = EpochFigures(
+            own = rec.origin in (None, self.lineage)
+            if rec.epoch < first_epoch or not own:
+                log.info(
+                    "sink %s: recovery commits %s epoch %d",
+                    self.sink_id,
+                    "checkpointed" if own else "the complete PENDING",
                     rec.epoch,
-                    rec.rows,
-                    rec.files,
-                    rec.bytes,
-                    batch_end_at=rec.batch_end_at or 0.0,
-                    pre_commit_ms=rec.pre_commit_ms or 0.0,
                 )
-                self.commit_epoch(rec.epoch, c, fig)
+                self.finish(rec.epoch)
             else:
                 log.info(
                     "sink %s: recovery aborts epoch %d (not checkpointed; it will be written "
@@ -142,14 +401,7 @@ class SinkRuntime:
                 )
                 self.store.mark_aborted(self.sink_id, self.generation, rec.epoch)
         for rec in self.store.epochs(self.sink_id, (ABORTED,)):
-            c = (
-                self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
-                if rec.committable is not None
-                else None
-            )
-            if self._abort(rec.epoch, c):
-                self.store.finish_abort(self.sink_id, self.generation, rec.epoch)
-                log.info("sink %s epoch %d: ABORTED, staged data deleted", self.sink_id, rec.epoch)
+            self._finish_aborted(rec)
         if isinstance(self.coordinator, StagedEpochs):
             live = {r.epoch for r in self.store.epochs(self.sink_id, (PENDING,))} | keep_staged
             for e in sorted(set(self.coordinator.staged_epochs()) - live):
@@ -163,6 +415,22 @@ class SinkRuntime:
             first_epoch,
             (time.perf_counter() - t0) * 1000,
         )
+
+    def _finish_aborted(self, rec: Any) -> None:
+        c = (
+            self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
+            if rec.committable is not None
+            else None
+        )
+        fault_point("recovery_before_abort")
+        if self._abort(rec.epoch, c):
+            fault_point("recovery_before_finish_abort")
+            self.store.finish_abort(self.sink_id, self.generation, rec.epoch)
+            log.info("sink %s epoch %d: ABORTED, staged data deleted", self.sink_id, rec.epoch)
+
+    def discard(self, epoch: int) -> None:
+        """Delete what was staged for ``epoch`` (no committable): failed writers, a skip."""
+        self._abort(epoch, None)
 
     def _abort(self, epoch: int, committable: Any) -> bool:
         """Call the plugin's abort; False (row stays ABORTED, retried next start) if it raised."""
@@ -186,8 +454,8 @@ class SinkRuntime:
         if rec is not None:
             return rec.status == COMMITTED
         sink = self.store.sink(self.sink_id)
-        # Committed rows older than the GC window are gone; the high-water mark remembers.
-        return sink is not None and epoch <= sink.high_water
+        # Committed rows older than the GC window are gone; the GC floor remembers.
+        return sink is not None and epoch <= sink.gc_floor
 
     def status_of(self, epoch: int) -> str | None:
         rec = self.store.epoch(self.sink_id, epoch)
@@ -233,6 +501,7 @@ class SinkRuntime:
             nbytes=nbytes,
             batch_end_at=batch_end,
             pre_commit_ms=pre_ms,
+            origin=self.lineage,
         )
         fig = EpochFigures(
             epoch,
@@ -303,11 +572,20 @@ class SinkRuntime:
         )
         from .registry import plugin_manager
 
-        plugin_manager().hook.eosink_epoch_committed(
-            sink_id=self.sink_id, epoch=epoch, figures=fig.as_dict()
-        )
+        try:
+            plugin_manager().hook.eosink_epoch_committed(
+                sink_id=self.sink_id, epoch=epoch, figures=fig.as_dict()
+            )
+        except Exception:
+            # The epoch is committed: a listener's failure must never undo or stop that.
+            log.exception(
+                "sink %s epoch %d: an eosink_epoch_committed hook raised (ignored; the epoch "
+                "is committed)",
+                self.sink_id,
+                epoch,
+            )
         self._since_gc += 1
-        if self._since_gc >= 100:
+        if self._since_gc >= self.gc_every:
             self._since_gc = 0
             n = self.store.gc(self.sink_id, self.generation, self.gc_keep)
             if n:

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from ._checkpoint import CheckpointDir
-from ._metastore import COMMITTED, PENDING, MetaStore, default_url
-from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
-from .errors import ConfigError, EosinkError, NewCheckpointError, SinkError
+from ._metastore import COMMITTED, MetaStore, default_url
+from ._protocol import FINISH, SKIP, AsyncCommitter, EpochFigures, SinkRuntime
+from .errors import ConfigError, EosinkError, SinkError
 from .faults import fault_point
 from .registry import get_sink
 from .sink import SinkPlugin, WriterContext
@@ -136,6 +136,7 @@ def run_writer(
     except BaseException:
         writer.abort_write()
         raise
+    fault_point("task_after_finish", first_attempt=attempt == 0)
     return plugin.write_result_codec.encode(result), rows
 
 
@@ -321,6 +322,7 @@ def run(
     commit_mode: CommitMode = "after_checkpoint",
     new_checkpoint: Literal["refuse", "continue"] = "refuse",
     query_name: str | None = None,
+    metastore_retry_s: float = 60.0,
     **sink_options: Any,
 ) -> BatchResult | StreamingHandle:
     """Write ``df`` to a sink exactly once.
@@ -330,14 +332,17 @@ def run(
         sink: the sink name (``eosink plugins`` lists them).
         sink_id: stable name of this logical sink; keys all persisted state. Default derived
             from the sink and its target (e.g. ``file:/data/out``). Never a Spark query id.
-        metastore_url: SQLAlchemy URL of the meta store. Default ``EOSINK_METASTORE_URL``, else
-            a SQLite file inside ``checkpoint_location`` (streaming) or
-            ``~/.eosink/metastore.db`` (batch).
+        metastore_url: SQLAlchemy URL of the meta store. Default ``EOSINK_METASTORE_URL``,
+            else ``$EOSINK_HOME/metastore.db`` (``~/.eosink``): one store for the batch and
+            streaming runs of a sink. An in-memory SQLite URL is refused.
         checkpoint_location: streaming only, required: Spark's checkpoint directory.
         trigger: streaming only: ``{"processingTime": "5 seconds"}``, ``{"availableNow": True}``,
             ``{"once": True}``. Default: as fast as possible.
-        epoch: batch only: the epoch to write. With an explicit epoch a re-run is a no-op once
-            committed (idempotent batch jobs). Default: the next free epoch.
+        epoch: batch only: the epoch to write. A re-run of an epoch that a batch run
+            committed is a no-op (idempotent batch jobs); an epoch never written is written,
+            also below the newest one (a backfill). An epoch that a streaming query of the
+            sink used, or that eosink cannot tell about, is refused
+            (:class:`SinkIdentityError`). Default: the next free epoch.
         commit_mode: ``after_checkpoint`` (default: phase 2 runs after Spark's checkpoint, off
             the batch's critical path) or ``inline`` (commit inside the batch, after
             persisting; lower visibility lag, longer batches).
@@ -345,6 +350,8 @@ def run(
             already has committed epochs: ``refuse`` (default, raises
             :class:`NewCheckpointError`) or ``continue`` on a new epoch range.
         query_name: streaming query name.
+        metastore_retry_s: how long an unreachable meta store is retried (backoff up to 5 s)
+            before the run fails with :class:`MetaStoreUnavailableError`.
         **sink_options: the sink's options, validated by its pydantic model before any job.
 
     Returns:
@@ -352,6 +359,8 @@ def run(
 
     Raises:
         UnknownSinkError, ConfigError, SchemaMismatchError: before any job starts.
+        SinkIdentityError: the sink_id, its target and the meta store disagree (before
+            anything is written).
         MetaStoreUnavailableError: the meta store cannot be reached (nothing is published).
     """
     plugin = get_sink(sink)
@@ -362,6 +371,8 @@ def run(
         )
     if new_checkpoint not in ("refuse", "continue"):
         raise ConfigError(f"new_checkpoint must be 'refuse' or 'continue', not {new_checkpoint!r}")
+    if not metastore_retry_s >= 0:
+        raise ConfigError(f"metastore_retry_s must be >= 0, not {metastore_retry_s!r}")
     schema = arrow_schema(df)
     if plugin.validate_schema is not None:
         plugin.validate_schema(options, schema)
@@ -380,7 +391,10 @@ def run(
             raise ConfigError("trigger and checkpoint_location are for streaming DataFrames")
         if epoch is not None and epoch < 0:
             raise ConfigError(f"epoch must be >= 0, not {epoch}")
-    store = MetaStore(metastore_url or default_url(checkpoint_location if streaming else None))
+    store = MetaStore(
+        metastore_url or default_url(checkpoint_location if streaming else None),
+        retry_s=metastore_retry_s,
+    )
     runtime = SinkRuntime(plugin, options, sid, store)
     try:
         runtime.start()
@@ -410,14 +424,12 @@ def _run_batch(
     df: DataFrame, runtime: SinkRuntime, schema: pa.Schema, epoch: int | None
 ) -> BatchResult:
     sid = runtime.sink_id
-    e = epoch if epoch is not None else runtime.store.max_epoch(sid) + 1
-    status = runtime.status_of(e)
-    if status == COMMITTED or (status is None and runtime.is_committed(e)):
+    decision, e = runtime.batch_decision(epoch)
+    if decision == SKIP:
         log.info("sink %s epoch %d: already committed; nothing to do", sid, e)
         return BatchResult(sid, e, 0, 0, committed=True, skipped=True)
-    if status == PENDING:
+    if decision == FINISH:
         # A crashed run persisted this epoch's committable: its data is complete. Finish it.
-        log.info("sink %s epoch %d: finishing the commit of a crashed run", sid, e)
         runtime.recover(first_epoch=e + 1)
         rec = runtime.store.epoch(sid, e)
         assert rec is not None and rec.status == COMMITTED
@@ -449,42 +461,8 @@ def _write_or_discard(
     try:
         return write_epoch(df, runtime.plugin, runtime.options, runtime.sink_id, epoch, setup)
     except BaseException:
-        runtime._abort(epoch, None)
+        runtime.discard(epoch)
         raise
-
-
-def _epoch_base(runtime: SinkRuntime, ckpt: CheckpointDir, new_checkpoint: str) -> int:
-    """Map this checkpoint's batch ids to sink epochs; detect a fresh checkpoint (rule 5)."""
-    sid = runtime.sink_id
-    rec = runtime.store.sink(sid)
-    assert rec is not None
-    lineage = ckpt.read_lineage()
-    if lineage is not None and rec.lineage == lineage:
-        return rec.epoch_base
-    last = runtime.store.max_epoch(sid)
-    if last >= 0:
-        if new_checkpoint != "continue":
-            raise NewCheckpointError(
-                f"sink {sid!r} already has epochs up to {last} written by another checkpoint, "
-                f"and checkpoint_location {ckpt.location!r} is new to it. A fresh checkpoint "
-                "re-reads the source from its starting offsets, which would duplicate rows. "
-                "Restart with the original checkpoint_location, or pass "
-                "new_checkpoint='continue' to write this query's epochs after "
-                f"epoch {last} (right when the new query's source starts where the old stopped)."
-            )
-        base = last + 1
-        log.warning(
-            "sink %s: new checkpoint %s; continuing on a new epoch range from %d",
-            sid,
-            ckpt.location,
-            base,
-        )
-    else:
-        base = 0
-    if lineage is None:
-        lineage = ckpt.write_lineage()
-    runtime.store.set_lineage(sid, runtime.generation, lineage, base)
-    return base
 
 
 def _start_stream(
@@ -499,12 +477,13 @@ def _start_stream(
 ) -> StreamingHandle:
     spark = df.sparkSession
     ckpt = CheckpointDir(spark, checkpoint_location)
-    base = _epoch_base(runtime, ckpt, new_checkpoint)
+    base = runtime.open_stream(ckpt, new_checkpoint)
     last = ckpt.last_committed_batch()
     first = base + (0 if last is None else last + 1)
     # Inline mode may have crashed in the middle of a commit: every PENDING epoch holds
     # complete data, so finish them all; the replayed batch is then skipped (rule 4).
     runtime.recover(first_epoch=sys.maxsize if commit_mode == "inline" else first)
+    base = runtime.rebase_stream(ckpt, base)
     sid = runtime.sink_id
 
     committer = (
@@ -521,8 +500,8 @@ def _start_stream(
             committer.wake()
         e = base + batch_id
         handle = handle_box[0]
-        status = runtime.status_of(e)
-        if status == COMMITTED or (status is None and runtime.is_committed(e)):
+        decision = runtime.stream_decision(e)
+        if decision == SKIP:
             log.info(
                 "sink %s epoch %d (batch %d): replay of a committed epoch; output discarded",
                 sid,
@@ -531,11 +510,8 @@ def _start_stream(
             )
             handle.figures.append(EpochFigures(e, skipped=True))
             return
-        if status == PENDING:
-            rec = runtime.store.epoch(sid, e)
-            assert rec is not None and rec.committable is not None
-            c = runtime.plugin.committable_codec.decode(rec.committable, rec.codec_version)
-            runtime.commit_epoch(e, c)
+        if decision == FINISH:
+            runtime.finish(e)
             return
         bschema = arrow_schema(batch_df)
         add = runtime.add_columns(bschema) if not bschema.equals(state["schema"]) else []

@@ -15,10 +15,15 @@ mid_commit             the plugin made part of the epoch visible
 after_commit           the target holds the epoch; the COMMITTED mark is not written
 after_mark_committed   COMMITTED durable
 mid_abort              recovery is deleting an aborted epoch's staged data
+recovery_before_abort  recovery marked an epoch ABORTED; the plugin's abort not called
+recovery_before_finish_abort  the plugin's abort is done; the ABORTED row not deleted
+after_lineage_written  a fresh checkpoint's lineage file is written, the meta store
+                       does not know it yet
 =====================  =============================================================
 
-Executor point: ``task_before_finish`` kills the Python worker of a task's *first* attempt
-before ``finish_write`` (a lost executor; Spark retries the task).
+Executor points kill the Python worker of a task's *first* attempt (a lost executor; Spark
+retries the task): ``task_before_finish`` before ``finish_write``, ``task_after_finish``
+after it (the writer's files are durable, its result never reaches the driver).
 
 If ``EOSINK_FAULT_MARK`` names a directory, a file ``<point>.<pid>`` is created there right
 before the kill, so a test can tell which point fired and in which process.
@@ -40,8 +45,11 @@ DRIVER_FAULT_POINTS = (
     "after_commit",
     "after_mark_committed",
     "mid_abort",
+    "recovery_before_abort",
+    "recovery_before_finish_abort",
+    "after_lineage_written",
 )
-EXECUTOR_FAULT_POINTS = ("task_before_finish",)
+EXECUTOR_FAULT_POINTS = ("task_before_finish", "task_after_finish")
 
 
 def _parse(spec: str | None) -> dict[str, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,8 @@ from services import EmbeddedPostgres
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+# The default meta store and Iceberg warehouse live in $EOSINK_HOME: never the user's ~/.eosink.
+os.environ.setdefault("EOSINK_HOME", tempfile.mkdtemp(prefix="eosink-home-"))
 
 TESTS = Path(__file__).resolve().parent
 _EMBEDDED: list[EmbeddedPostgres] = []

@@ -183,9 +183,10 @@ class Job:
 
 def read_ids(out: Path, partitioned: bool = False) -> list[int]:
     """Read the output back with pyarrow (the independent reader)."""
-    if not out.exists() or not any(
-        p.is_file() and "_eosink_staging" not in p.parts for p in out.rglob("*")
-    ):
+    def visible(p: Path) -> bool:  # what Spark and pyarrow read: no "_" or "." prefix
+        return p.is_file() and not any(x[:1] in "_." for x in p.relative_to(out).parts)
+
+    if not out.exists() or not any(visible(p) for p in out.rglob("*")):
         return []
     dataset = ds.dataset(out, format="parquet", partitioning="hive" if partitioned else None)
     return sorted(dataset.to_table(columns=["id"]).column("id").to_pylist())

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from eosink import (
     FencedError,
     InvalidTransitionError,
+    MetaStoreError,
     MetaStoreUnavailableError,
     MissingExtraError,
     SchemaOutdatedError,
@@ -128,7 +129,12 @@ def test_outdated_schema_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_db_upgrade_cli_and_current(fresh_pg_url: str, tmp_path: Path) -> None:
-    for url in (f"sqlite:///{tmp_path / 'm.db'}", fresh_pg_url):
+    missing = tmp_path / "m.db"
+    with pytest.raises(MetaStoreError, match="no eosink meta store at"):
+        MetaStore(f"sqlite:///{missing}", create=False)
+    assert not missing.exists()  # a read-only open creates nothing
+    missing.touch()  # an empty database: schema missing
+    for url in (f"sqlite:///{missing}", fresh_pg_url):
         with pytest.raises(SchemaOutdatedError):
             MetaStore(url, create=False)
         out = subprocess.run(

@@ -344,19 +344,37 @@ def test_datasource_batch_and_stream(spark, tmp_path: Path, metastore_url: str) 
     assert staged_files(sout) == []
 
 
-def test_streaming_metastore_defaults_to_checkpoint(spark, tmp_path: Path) -> None:
+def test_default_metastore_is_shared_by_batch_and_stream(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Case 3 of issue 7: with defaults, a batch run and a stream on one target share one
+    meta store ($EOSINK_HOME), so they share fencing and one epoch sequence."""
+    monkeypatch.setenv("EOSINK_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("EOSINK_METASTORE_URL", raising=False)
     inp, expected = _stream_input(tmp_path, files=1)
-    chk = tmp_path / "chk"
+    out, chk = tmp_path / "out", tmp_path / "chk"
     t0 = time.time()
+    r = eosink.run(spark.range(1000, 1010), sink="file", path=str(out))
+    assert isinstance(r, BatchResult) and r.epoch == 0
     eosink.run(
         _stream(spark, inp),
         sink="file",
-        path=str(tmp_path / "out"),
+        path=str(out),
         checkpoint_location=str(chk),
         trigger={"availableNow": True},
+        new_checkpoint="continue",
     ).await_termination()
-    assert (chk / "eosink" / "metastore.db").stat().st_mtime >= t0 - 1
-    assert read_ids(tmp_path / "out") == expected
+    db = tmp_path / "home" / "metastore.db"
+    assert db.stat().st_mtime >= t0 - 1
+    assert not (chk / "eosink").exists()  # nothing of eosink's state lives in the checkpoint
+    assert read_ids(out) == sorted(expected + list(range(1000, 1010)))
+    from eosink._metastore import MetaStore
+
+    store = MetaStore(f"sqlite:///{db}")
+    (sink,) = store.sinks()
+    assert sink.generation == 2  # one sink row: the stream's acquire fenced the batch run's
+    assert [e.origin == "batch" for e in store.epochs(sink.sink_id)][:1] == [True]
+    store.close()
 
 
 def test_disk_full_on_staging(spark, tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
 """The meta store (private): model, migrations and the state machine."""
 
 from .models import ABORTED, COMMITTED, PENDING
-from .store import EpochRecord, MetaStore, SinkRecord, default_url, redact_url
+from .store import BATCH, EpochRecord, MetaStore, SinkRecord, default_url, redact_url
 
 __all__ = [
     "ABORTED",
+    "BATCH",
     "COMMITTED",
     "PENDING",
     "EpochRecord",

@@ -29,6 +29,8 @@ class SinkRow(Base):
     committed_epochs: Mapped[int] = mapped_column(BigInteger, default=0)
     arrow_schema: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     options_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    target: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    gc_floor: Mapped[int] = mapped_column(BigInteger, default=-1)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
 
@@ -51,5 +53,6 @@ class EpochRow(Base):
     pre_commit_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     commit_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     committed_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    origin: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)

@@ -16,11 +16,11 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -34,9 +34,17 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, NoSuchModuleError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DatabaseError,
+    IntegrityError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
 
 from ..errors import (
+    ConfigError,
     FencedError,
     InvalidTransitionError,
     MetaStoreError,
@@ -48,7 +56,12 @@ from .models import ABORTED, COMMITTED, PENDING, EpochRow, SinkRow
 
 log = logging.getLogger("eosink.metastore")
 
-__all__ = ["EpochRecord", "MetaStore", "SinkRecord", "default_url", "redact_url"]
+__all__ = ["BATCH", "EpochRecord", "MetaStore", "SinkRecord", "default_url", "redact_url"]
+
+BATCH = "batch"
+"""``origin`` of an epoch written by a batch run (a stream's epochs carry its lineage)."""
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,8 @@ class SinkRecord:
     committed_epochs: int
     arrow_schema: bytes | None
     updated_at: float
+    target: str | None = None
+    gc_floor: int = -1
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,7 @@ class EpochRecord:
     pre_commit_ms: float | None
     commit_ms: float | None
     committed_at: float | None
+    origin: str | None = None
 
 
 def redact_url(url: str) -> str:
@@ -93,29 +109,61 @@ def redact_url(url: str) -> str:
 def default_url(checkpoint_location: str | None = None) -> str:
     """The meta store URL used when none is given.
 
-    ``EOSINK_METASTORE_URL`` if set; otherwise a SQLite file inside a local checkpoint
-    location (streaming) or ``$EOSINK_HOME/metastore.db`` (``~/.eosink`` by default).
+    ``EOSINK_METASTORE_URL`` if set; otherwise ``$EOSINK_HOME/metastore.db`` (``~/.eosink``
+    by default): one store for the batch and the streaming runs of every sink on this
+    machine, so that they share state and fencing, and so that deleting a checkpoint never
+    deletes a sink's history. A checkpoint written by eosink 0.1 keeps the store it holds
+    (``<checkpoint>/eosink/metastore.db``), with a warning.
     """
     env = os.environ.get("EOSINK_METASTORE_URL")
     if env:
         return env
     if checkpoint_location and "://" not in checkpoint_location.removeprefix("file://"):
-        base = Path(checkpoint_location.removeprefix("file://")) / "eosink"
-    else:
-        base = Path(os.environ.get("EOSINK_HOME", Path.home() / ".eosink"))
+        legacy = Path(checkpoint_location.removeprefix("file://")) / "eosink" / "metastore.db"
+        if legacy.is_file():
+            log.warning(
+                "using the meta store inside the checkpoint (%s), as eosink 0.1 did; batch runs "
+                "of this sink do not see it. Pass metastore_url= to choose one store for all runs",
+                legacy,
+            )
+            return f"sqlite:///{legacy.resolve()}"
+    base = Path(os.environ.get("EOSINK_HOME", Path.home() / ".eosink")).expanduser()
     base.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{(base / 'metastore.db').resolve()}"
 
 
-def _make_engine(url: str) -> Engine:
-    u = make_url(url)
+def _make_engine(url: str, create: bool = True) -> Engine:
+    try:
+        u = make_url(url)
+    except (ArgumentError, ValueError) as exc:
+        raise ConfigError(
+            f"invalid meta store URL {redact_url(url)!r}: {exc}. Expected a SQLAlchemy URL "
+            "such as sqlite:////abs/path/metastore.db or postgresql://user@host/db"
+        ) from None
     if u.get_backend_name() == "postgresql" and u.get_driver_name() in ("", "psycopg2"):
         # psycopg 3 is the driver that the `postgres` extra installs.
         u = u.set(drivername="postgresql+psycopg")
+    if u.get_backend_name() == "sqlite":
+        memory = (
+            not u.database
+            or u.database == ":memory:"
+            or u.query.get("mode") == "memory"
+            or u.database.startswith("file::memory:")
+        )
+        if memory:
+            raise ConfigError(
+                f"meta store {url!r} is an in-memory SQLite database: it forgets every "
+                "committed epoch when the process ends, so a re-run would write them again. "
+                "Use a file (sqlite:////abs/path/metastore.db) or leave metastore_url unset "
+                "for the default ($EOSINK_HOME/metastore.db)"
+            )
+        assert u.database is not None
+        if not create and not Path(u.database).is_file():
+            raise MetaStoreError(f"there is no eosink meta store at {u.database}")
     try:
         if u.get_backend_name() == "sqlite":
-            if u.database and u.database != ":memory:":
-                Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+            assert u.database is not None
+            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(u, connect_args={"timeout": 60})
 
             @event.listens_for(engine, "connect")
@@ -149,9 +197,10 @@ class MetaStore:
         MissingExtraError: the database driver is not installed.
     """
 
-    def __init__(self, url: str, *, create: bool = True) -> None:
+    def __init__(self, url: str, *, create: bool = True, retry_s: float = 60.0) -> None:
         self.url = url
-        self.engine = _make_engine(url)
+        self.retry_s = retry_s
+        self.engine = _make_engine(url, create)
         try:
             with self.engine.connect() as conn:
                 ensure_schema(conn, create=create)
@@ -161,6 +210,38 @@ class MetaStore:
             raise MetaStoreUnavailableError(
                 f"meta store {redact_url(url)} is unreachable: {exc.orig}"
             ) from None
+        except DatabaseError as exc:
+            self.engine.dispose()
+            raise MetaStoreError(
+                f"{redact_url(url)} is not an eosink meta store: {exc.orig}"
+            ) from None
+
+    def _retry(self, what: str, fn: Callable[[int], T]) -> T:
+        """Run ``fn(attempt)``, retrying while the meta store is unreachable.
+
+        Backoff from 0.1 s to 5 s, for at most ``retry_s`` seconds; then the last
+        :class:`MetaStoreUnavailableError` propagates. ``attempt`` > 0 tells a write that an
+        earlier attempt may have committed before its answer was lost.
+        """
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.1
+        attempt = 0
+        while True:
+            try:
+                return fn(attempt)
+            except MetaStoreUnavailableError as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "meta store %s unavailable during %s (%s); retrying in %.1fs",
+                    redact_url(self.url),
+                    what,
+                    exc,
+                    delay,
+                )
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                attempt += 1
 
     @property
     def url_redacted(self) -> str:
@@ -203,12 +284,19 @@ class MetaStore:
         Called right before a plugin's commit or abort, so a fenced zombie never touches the
         target.
         """
-        with self._tx() as conn:
-            self._fence(conn, sink_id, generation)
+
+        def run(_: int) -> None:
+            with self._tx() as conn:
+                self._fence(conn, sink_id, generation)
+
+        self._retry("a fencing check", run)
 
     # -- sinks ---------------------------------------------------------------------------
     def acquire(self, sink_id: str, plugin: str, options_json: str | None = None) -> SinkRecord:
         """Become the live coordinator of ``sink_id``: bump its generation (fencing any other)."""
+        return self._retry("acquire", lambda _: self._acquire(sink_id, plugin, options_json))
+
+    def _acquire(self, sink_id: str, plugin: str, options_json: str | None) -> SinkRecord:
         now = time.time()
         owner = f"{socket.gethostname()}:{os.getpid()}"
         with self._tx() as conn:
@@ -270,43 +358,86 @@ class MetaStore:
             committed_epochs=row.committed_epochs,
             arrow_schema=row.arrow_schema,
             updated_at=row.updated_at,
+            target=row.target,
+            gc_floor=row.gc_floor,
         )
 
     def sink(self, sink_id: str) -> SinkRecord | None:
-        with self._tx() as conn:
-            return self._sink(conn, sink_id)
+        def run(_: int) -> SinkRecord | None:
+            with self._tx() as conn:
+                return self._sink(conn, sink_id)
+
+        return self._retry("a read", run)
 
     def sinks(self) -> list[SinkRecord]:
         with self._tx() as conn:
             ids = conn.execute(select(SinkRow.sink_id).order_by(SinkRow.sink_id)).scalars().all()
             return [r for r in (self._sink(conn, i) for i in ids) if r is not None]
 
+    def _set(self, sink_id: str, generation: int, what: str, **values: Any) -> None:
+        def run(_: int) -> None:
+            with self._tx() as conn:
+                self._fence(conn, sink_id, generation)
+                conn.execute(update(SinkRow).where(SinkRow.sink_id == sink_id).values(**values))
+
+        self._retry(what, run)
+
     def set_lineage(self, sink_id: str, generation: int, lineage: str, epoch_base: int) -> None:
-        with self._tx() as conn:
-            self._fence(conn, sink_id, generation)
-            conn.execute(
-                update(SinkRow)
-                .where(SinkRow.sink_id == sink_id)
-                .values(lineage=lineage, epoch_base=epoch_base)
-            )
+        self._set(sink_id, generation, "set_lineage", lineage=lineage, epoch_base=epoch_base)
 
     def set_schema(self, sink_id: str, generation: int, arrow_schema: bytes) -> None:
-        with self._tx() as conn:
-            self._fence(conn, sink_id, generation)
-            conn.execute(
-                update(SinkRow).where(SinkRow.sink_id == sink_id).values(arrow_schema=arrow_schema)
-            )
+        self._set(sink_id, generation, "set_schema", arrow_schema=arrow_schema)
+
+    def set_target(self, sink_id: str, generation: int, target: str) -> None:
+        """Bind ``sink_id`` to its target (the core refuses another target later)."""
+        self._set(sink_id, generation, "set_target", target=target)
+
+    def adopt(self, sink_id: str, generation: int, *, last_epoch: int) -> None:
+        """Take over a sink whose history this store lost: epochs <= ``last_epoch`` are known
+        to the target only (treated like garbage-collected committed epochs)."""
+        self._set(
+            sink_id,
+            generation,
+            "adopt",
+            gc_floor=last_epoch,
+            high_water=func.max(SinkRow.high_water, last_epoch)
+            if self.engine.dialect.name == "sqlite"
+            else func.greatest(SinkRow.high_water, last_epoch),
+        )
+
+    def stream_high(self, sink_id: str) -> int:
+        """The largest epoch any streaming run of ``sink_id`` used (-1 if none)."""
+
+        def run(_: int) -> int:
+            with self._tx() as conn:
+                mx = conn.execute(
+                    select(func.max(EpochRow.epoch)).where(
+                        EpochRow.sink_id == sink_id,
+                        (EpochRow.origin != BATCH) | EpochRow.origin.is_(None),
+                    )
+                ).scalar_one_or_none()
+                floor = conn.execute(
+                    select(SinkRow.gc_floor).where(SinkRow.sink_id == sink_id)
+                ).scalar_one_or_none()
+            return max(-1 if mx is None else mx, -1 if floor is None else floor)
+
+        return self._retry("a read", run)
 
     def max_epoch(self, sink_id: str) -> int:
         """The largest epoch this sink ever used (-1 if none)."""
-        with self._tx() as conn:
-            hw = conn.execute(
-                select(SinkRow.high_water).where(SinkRow.sink_id == sink_id)
-            ).scalar_one_or_none()
-            mx = conn.execute(
-                select(func.max(EpochRow.epoch)).where(EpochRow.sink_id == sink_id)
-            ).scalar_one_or_none()
-        return max(-1 if hw is None else hw, -1 if mx is None else mx)
+
+        def run(_: int) -> int:
+            with self._tx() as conn:
+                hw = conn.execute(
+                    select(SinkRow.high_water, SinkRow.gc_floor).where(SinkRow.sink_id == sink_id)
+                ).one_or_none()
+                mx = conn.execute(
+                    select(func.max(EpochRow.epoch)).where(EpochRow.sink_id == sink_id)
+                ).scalar_one_or_none()
+            marks = [-1] if hw is None else [hw[0], hw[1]]
+            return max(*marks, -1 if mx is None else mx)
+
+        return self._retry("a read", run)
 
     # -- epochs --------------------------------------------------------------------------
     @staticmethod
@@ -325,16 +456,20 @@ class MetaStore:
             pre_commit_ms=row.pre_commit_ms,
             commit_ms=row.commit_ms,
             committed_at=row.committed_at,
+            origin=row.origin,
         )
 
     def epoch(self, sink_id: str, epoch: int) -> EpochRecord | None:
-        with self._tx() as conn:
-            row = conn.execute(
-                select(EpochRow.__table__).where(
-                    EpochRow.sink_id == sink_id, EpochRow.epoch == epoch
-                )
-            ).one_or_none()
-            return None if row is None else self._record(row)
+        def run(_: int) -> EpochRecord | None:
+            with self._tx() as conn:
+                row = conn.execute(
+                    select(EpochRow.__table__).where(
+                        EpochRow.sink_id == sink_id, EpochRow.epoch == epoch
+                    )
+                ).one_or_none()
+                return None if row is None else self._record(row)
+
+        return self._retry("a read", run)
 
     def epochs(
         self,
@@ -350,9 +485,12 @@ class MetaStore:
             q = q.order_by(EpochRow.epoch.desc()).limit(limit)
         else:
             q = q.order_by(EpochRow.epoch)
-        with self._tx() as conn:
-            rows = [self._record(r) for r in conn.execute(q).all()]
-        return sorted(rows, key=lambda r: r.epoch)
+
+        def run(_: int) -> list[EpochRecord]:
+            with self._tx() as conn:
+                return [self._record(r) for r in conn.execute(q).all()]
+
+        return sorted(self._retry("a read", run), key=lambda r: r.epoch)
 
     def persist_pending(
         self,
@@ -367,43 +505,69 @@ class MetaStore:
         nbytes: int,
         batch_end_at: float,
         pre_commit_ms: float,
+        origin: str | None = None,
     ) -> None:
-        """(none) -> PENDING. Once this returns, the epoch can be finished from the row alone."""
-        now = time.time()
-        with self._tx() as conn:
-            self._fence(conn, sink_id, generation)
-            try:
-                with conn.begin_nested():
-                    conn.execute(
-                        insert(EpochRow).values(
-                            sink_id=sink_id,
-                            epoch=epoch,
-                            status=PENDING,
-                            committable=committable,
-                            codec_version=codec_version,
-                            generation=generation,
-                            rows=rows,
-                            files=files,
-                            nbytes=nbytes,
-                            batch_end_at=batch_end_at,
-                            pre_commit_ms=pre_commit_ms,
-                            created_at=now,
-                            updated_at=now,
+        """(none) -> PENDING. Once this returns, the epoch can be finished from the row alone.
+
+        ``origin`` is ``"batch"`` or the streaming lineage writing the epoch.
+        """
+
+        def run(attempt: int) -> None:
+            now = time.time()
+            with self._tx() as conn:
+                self._fence(conn, sink_id, generation)
+                try:
+                    with conn.begin_nested():
+                        conn.execute(
+                            insert(EpochRow).values(
+                                sink_id=sink_id,
+                                epoch=epoch,
+                                status=PENDING,
+                                committable=committable,
+                                codec_version=codec_version,
+                                generation=generation,
+                                rows=rows,
+                                files=files,
+                                nbytes=nbytes,
+                                batch_end_at=batch_end_at,
+                                pre_commit_ms=pre_commit_ms,
+                                origin=origin,
+                                created_at=now,
+                                updated_at=now,
+                            )
                         )
-                    )
-            except IntegrityError:
-                status = conn.execute(
-                    select(EpochRow.status).where(
-                        EpochRow.sink_id == sink_id, EpochRow.epoch == epoch
-                    )
-                ).scalar_one_or_none()
-                raise InvalidTransitionError(
-                    f"sink {sink_id!r} epoch {epoch}: {status} -> {PENDING} is not allowed"
-                ) from None
+                except IntegrityError:
+                    row = conn.execute(
+                        select(EpochRow.status, EpochRow.generation, EpochRow.committable).where(
+                            EpochRow.sink_id == sink_id, EpochRow.epoch == epoch
+                        )
+                    ).one_or_none()
+                    if (
+                        attempt
+                        and row is not None
+                        and row.status == PENDING
+                        and row.generation == generation
+                        and bytes(row.committable) == committable
+                    ):
+                        return  # our earlier attempt committed; its answer was lost
+                    raise InvalidTransitionError(
+                        f"sink {sink_id!r} epoch {epoch}: "
+                        f"{None if row is None else row.status} -> {PENDING} is not allowed"
+                    ) from None
+
+        self._retry(f"persist PENDING of epoch {epoch}", run)
 
     def _transition(
-        self, conn: Connection, sink_id: str, epoch: int, src: str, dst: str, **values: Any
-    ) -> None:
+        self,
+        conn: Connection,
+        sink_id: str,
+        epoch: int,
+        src: str,
+        dst: str,
+        attempt: int = 0,
+        **values: Any,
+    ) -> bool:
+        """``src`` -> ``dst``; False when a retried attempt finds ``dst`` already reached."""
         res = conn.execute(
             update(EpochRow)
             .where(EpochRow.sink_id == sink_id, EpochRow.epoch == epoch, EpochRow.status == src)
@@ -413,74 +577,117 @@ class MetaStore:
             cur = conn.execute(
                 select(EpochRow.status).where(EpochRow.sink_id == sink_id, EpochRow.epoch == epoch)
             ).scalar_one_or_none()
+            if attempt and cur == dst:
+                return False
             raise InvalidTransitionError(
                 f"sink {sink_id!r} epoch {epoch}: {cur or '(none)'} -> {dst} is not allowed"
             )
+        return True
 
     def mark_committed(
         self, sink_id: str, generation: int, epoch: int, *, commit_ms: float
     ) -> None:
         """PENDING -> COMMITTED, and raise the sink's high-water mark."""
-        with self._tx() as conn:
-            self._fence(conn, sink_id, generation)
-            self._transition(
-                conn,
-                sink_id,
-                epoch,
-                PENDING,
-                COMMITTED,
-                commit_ms=commit_ms,
-                committed_at=time.time(),
-            )
-            conn.execute(
-                update(SinkRow)
-                .where(SinkRow.sink_id == sink_id)
-                .values(
-                    high_water=func.max(SinkRow.high_water, epoch)
-                    if conn.dialect.name == "sqlite"
-                    else func.greatest(SinkRow.high_water, epoch),
-                    committed_epochs=SinkRow.committed_epochs + 1,
+
+        def run(attempt: int) -> None:
+            with self._tx() as conn:
+                self._fence(conn, sink_id, generation)
+                if not self._transition(
+                    conn,
+                    sink_id,
+                    epoch,
+                    PENDING,
+                    COMMITTED,
+                    attempt,
+                    commit_ms=commit_ms,
+                    committed_at=time.time(),
+                ):
+                    return
+                conn.execute(
+                    update(SinkRow)
+                    .where(SinkRow.sink_id == sink_id)
+                    .values(
+                        high_water=func.max(SinkRow.high_water, epoch)
+                        if conn.dialect.name == "sqlite"
+                        else func.greatest(SinkRow.high_water, epoch),
+                        committed_epochs=SinkRow.committed_epochs + 1,
+                    )
                 )
-            )
+
+        self._retry(f"mark epoch {epoch} COMMITTED", run)
 
     def mark_aborted(self, sink_id: str, generation: int, epoch: int) -> None:
         """PENDING -> ABORTED."""
-        with self._tx() as conn:
-            self._fence(conn, sink_id, generation)
-            self._transition(conn, sink_id, epoch, PENDING, ABORTED)
+
+        def run(attempt: int) -> None:
+            with self._tx() as conn:
+                self._fence(conn, sink_id, generation)
+                self._transition(conn, sink_id, epoch, PENDING, ABORTED, attempt)
+
+        self._retry(f"mark epoch {epoch} ABORTED", run)
 
     def finish_abort(self, sink_id: str, generation: int, epoch: int) -> None:
         """ABORTED -> (row deleted), once the plugin's abort cleaned up."""
-        with self._tx() as conn:
-            self._fence(conn, sink_id, generation)
-            res = conn.execute(
-                delete(EpochRow).where(
-                    EpochRow.sink_id == sink_id, EpochRow.epoch == epoch, EpochRow.status == ABORTED
+
+        def run(attempt: int) -> None:
+            with self._tx() as conn:
+                self._fence(conn, sink_id, generation)
+                res = conn.execute(
+                    delete(EpochRow).where(
+                        EpochRow.sink_id == sink_id,
+                        EpochRow.epoch == epoch,
+                        EpochRow.status == ABORTED,
+                    )
                 )
-            )
-            if res.rowcount != 1:
-                raise InvalidTransitionError(
-                    f"sink {sink_id!r} epoch {epoch}: only an ABORTED epoch can be finished"
-                )
+                if res.rowcount != 1:
+                    gone = (
+                        conn.execute(
+                            select(EpochRow.status).where(
+                                EpochRow.sink_id == sink_id, EpochRow.epoch == epoch
+                            )
+                        ).scalar_one_or_none()
+                        is None
+                    )
+                    if attempt and gone:
+                        return
+                    raise InvalidTransitionError(
+                        f"sink {sink_id!r} epoch {epoch}: only an ABORTED epoch can be finished"
+                    )
+
+        self._retry(f"finish the abort of epoch {epoch}", run)
 
     def gc(self, sink_id: str, generation: int, keep_last: int) -> int:
-        """Delete COMMITTED rows older than the newest ``keep_last`` epochs. Returns how many.
+        """Delete COMMITTED rows of streaming epochs older than the newest ``keep_last``.
 
-        The sink's high-water mark keeps what replay detection needs.
+        Returns how many. The sink's GC floor (the largest deleted epoch) keeps what replay
+        detection needs. Rows of batch epochs are never deleted (there is one per batch run,
+        and an explicit batch epoch must stay exact).
         """
-        with self._tx() as conn:
-            self._fence(conn, sink_id, generation)
-            hw = conn.execute(
-                select(SinkRow.high_water).where(SinkRow.sink_id == sink_id)
-            ).scalar_one()
-            res = conn.execute(
-                delete(EpochRow).where(
-                    EpochRow.sink_id == sink_id,
-                    EpochRow.status == COMMITTED,
-                    EpochRow.epoch <= hw - keep_last,
+
+        def run(_: int) -> int:
+            with self._tx() as conn:
+                self._fence(conn, sink_id, generation)
+                hw = conn.execute(
+                    select(SinkRow.high_water).where(SinkRow.sink_id == sink_id)
+                ).scalar_one()
+                cond = (
+                    (EpochRow.sink_id == sink_id)
+                    & (EpochRow.status == COMMITTED)
+                    & (EpochRow.epoch <= hw - keep_last)
+                    & ((EpochRow.origin != BATCH) | EpochRow.origin.is_(None))
                 )
-            )
-            return int(res.rowcount or 0)
+                top = conn.execute(select(func.max(EpochRow.epoch)).where(cond)).scalar()
+                if top is None:
+                    return 0
+                res = conn.execute(delete(EpochRow).where(cond))
+                conn.execute(
+                    update(SinkRow)
+                    .where(SinkRow.sink_id == sink_id, SinkRow.gc_floor < top)
+                    .values(gc_floor=top)
+                )
+                return int(res.rowcount or 0)
+
+        return self._retry("garbage collection", run)
 
     def count_rows(self, sink_id: str) -> int:
         with self._tx() as conn:

@@ -39,6 +39,7 @@ from eosink import (
     SinkError,
     SinkPlugin,
     StagedEpochs,
+    TargetMarker,
     WriterContext,
     fault_point,
 )
@@ -46,6 +47,7 @@ from eosink import (
 log = logging.getLogger("eosink.file")
 
 STAGING_DIR = "_eosink_staging"
+MARKER_DIR = "_eosink"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 _EXT = {"parquet": "parquet", "json": "jsonl", "csv": "csv"}
 # Characters escaped in partition directory names (Hive/Spark's set, plus NUL), as %XX.
@@ -251,16 +253,64 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
         shutil.rmtree(self._stage_dir(), ignore_errors=True)
 
 
-class FileCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], StagedEpochs):
-    """Publishes an epoch's staged files atomically; deletes them on abort."""
+class FileCoordinator(
+    SinkCommitCoordinator[dict[str, Any], dict[str, Any]], StagedEpochs, TargetMarker
+):
+    """Publishes an epoch's staged files atomically; deletes them on abort.
+
+    The sink's marker is ``_eosink/<sink key>.json`` under ``path``: the core's marker plus
+    ``last_epoch``, rewritten atomically (fsync'd) by ``commit`` before it publishes files.
+    """
 
     def __init__(self, opts: FileSinkOptions, sink_id: str) -> None:
         self.opts = opts
         self.root = Path(opts.path)
         self.staging = self.root / STAGING_DIR / sink_key(sink_id)
+        self.marker_path = self.root / MARKER_DIR / f"{sink_key(sink_id)}.json"
+        self._marker: dict[str, Any] | None = None
 
     def init(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def target_id(self) -> str:
+        return f"file:{self.root}"
+
+    # -- the marker ------------------------------------------------------------------------
+    def read_marker(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.marker_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError as exc:
+            raise SinkError(
+                f"the eosink marker {self.marker_path} is corrupt ({exc}); it records which "
+                "epochs this directory holds. Restore it, or move the directory aside"
+            ) from None
+        self._marker = data
+        return dict(data)
+
+    def _store_marker(self, marker: dict[str, Any]) -> None:
+        d = self.marker_path.parent
+        d.mkdir(parents=True, exist_ok=True)
+        tmp = d / f".{self.marker_path.name}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(json.dumps(marker, sort_keys=True).encode())
+            fh.flush()
+            if self.opts.fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, self.marker_path)
+        if self.opts.fsync:
+            _fsync_dir(d)
+        self._marker = marker
+
+    def write_marker(self, marker: dict[str, Any]) -> None:
+        last = self._last_epoch()
+        self._store_marker({**marker, "last_epoch": last})
+
+    def _last_epoch(self) -> int:
+        if self._marker is None:
+            self.read_marker()
+        return int((self._marker or {}).get("last_epoch", -1))
 
     def pre_commit(
         self, epoch: int, results: Sequence[dict[str, Any]], add_columns: Sequence[pa.Field]
@@ -285,6 +335,9 @@ class FileCoordinator(SinkCommitCoordinator[dict[str, Any], dict[str, Any]], Sta
         return {"files": files, "token": token}
 
     def commit(self, epoch: int, committable: dict[str, Any]) -> None:
+        if epoch > self._last_epoch():
+            # Before anything is visible: the marker never says less than the target holds.
+            self._store_marker({**(self._marker or {}), "last_epoch": epoch})
         dirs: set[Path] = set()
         for i, f in enumerate(committable["files"]):
             final = self.root / f["final"]
