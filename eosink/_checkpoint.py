@@ -7,12 +7,36 @@ goes through Spark's own Hadoop FileSystem on the driver.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
 
 LINEAGE_FILE = "eosink-lineage.json"
+
+log = logging.getLogger("eosink")
+
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+# Spark's CheckpointFileManager.createAtomic writes "<dir>/.<name>.<uuid>[.TID<task>].tmp" and
+# renames it to "<dir>/<name>" when complete (offsets, commits, metadata, source logs, state
+# store files). Hadoop's local ChecksumFileSystem keeps the checksum of a file "f" in ".f.crc".
+_TEMP = re.compile(rf"\.(?P<name>.+)\.{_UUID}(?:\.TID\d+)?\.tmp")
+_TEMP_CRC = re.compile(rf"\.\.(?P<name>.+)\.{_UUID}(?:\.TID\d+)?\.tmp\.crc")
+# Where Spark writes metadata logs that a restart reads, for non-local file systems (a full
+# recursive listing of state stores through py4j would cost seconds on object stores).
+_HADOOP_GLOBS = ("", "offsets/", "commits/", "sources/*/")
+
+
+def spark_temp_file_target(name: str) -> str | None:
+    """The file Spark was writing when it left the temporary file ``name``, else None.
+
+    Matches only Spark's temporary names (and their Hadoop ``.crc`` siblings), which can never
+    be valid log entries: those are named by a batch id (``offsets/0``) or a fixed name.
+    """
+    m = _TEMP_CRC.fullmatch(name) or _TEMP.fullmatch(name)
+    return m.group("name") if m else None
 
 
 class CheckpointDir:
@@ -59,6 +83,66 @@ class CheckpointDir:
             )
         ids = [int(n) for n in names if n.isdigit()]
         return max(ids) if ids else None
+
+    # -- leftovers of a crash ------------------------------------------------------------
+    def repair(self) -> list[str]:
+        """Remove the temporary files a crash left while Spark wrote the checkpoint.
+
+        A driver killed while Spark writes a log entry leaves ``offsets/.0.<uuid>.tmp`` (and,
+        on local disks, its checksum ``offsets/..0.<uuid>.tmp.crc``); Spark never cleans it
+        up, and at batch 0 every later start fails with
+        ``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``. Only files named like Spark's
+        temporary files are removed, never a log entry. Call it before the query starts:
+        Spark refuses two live queries on one checkpoint, and a zombie driver's in-flight
+        temporary file would only make that zombie fail.
+
+        Local checkpoints are searched entirely; other file systems (best effort) in the
+        checkpoint's root, ``offsets/``, ``commits/`` and ``sources/*/``.
+
+        Returns:
+            The removed files.
+        """
+        removed: list[str] = []
+        if self._local is not None:
+            if not self._local.is_dir():
+                return removed
+            for d, _dirs, files in os.walk(self._local):
+                for name in sorted(files):
+                    target = spark_temp_file_target(name)
+                    if target is None:
+                        continue
+                    f = Path(d) / name
+                    try:
+                        f.unlink()
+                    except FileNotFoundError:
+                        continue
+                    removed.append(str(f))
+                    self._log_removed(str(f), Path(d).relative_to(self._local) / target)
+            return removed
+        for sub in _HADOOP_GLOBS:
+            try:
+                found = self._fs.globStatus(self._jpath(f"{self.location.rstrip('/')}/{sub}.*"))
+            except Exception as exc:  # best effort: the query start reports real problems
+                log.debug("checkpoint %s: cannot list %s: %s", self.location, sub, exc)
+                continue
+            for st in found or []:
+                path = st.getPath()
+                target = spark_temp_file_target(str(path.getName()))
+                if target is None or not st.isFile():
+                    continue
+                if self._fs.delete(path, False):
+                    removed.append(str(path.toString()))
+                    self._log_removed(removed[-1], f"{path.getParent().toString()}/{target}")
+        return removed
+
+    def _log_removed(self, path: str, target: str | Path) -> None:
+        log.warning(
+            "checkpoint %s: removed %s, left by a crash while Spark wrote %s (an incomplete "
+            "temporary file that Spark never cleans up and that would fail every restart)",
+            self.location,
+            path,
+            target,
+        )
 
     # -- eosink's lineage marker ---------------------------------------------------------
     def read_lineage(self) -> str | None:

@@ -477,6 +477,7 @@ def _start_stream(
 ) -> StreamingHandle:
     spark = df.sparkSession
     ckpt = CheckpointDir(spark, checkpoint_location)
+    ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
     base = runtime.open_stream(ckpt, new_checkpoint)
     last = ckpt.last_committed_batch()
     first = base + (0 if last is None else last + 1)
