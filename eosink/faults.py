@@ -33,8 +33,16 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-__all__ = ["DRIVER_FAULT_POINTS", "EXECUTOR_FAULT_POINTS", "fault_point"]
+__all__ = [
+    "DRIVER_FAULT_POINTS",
+    "EXECUTOR_FAULT_POINTS",
+    "SimulatedCrash",
+    "fault_point",
+    "simulate",
+]
 
 DRIVER_FAULT_POINTS = (
     "after_write_results",
@@ -67,6 +75,32 @@ def _parse(spec: str | None) -> dict[str, int]:
 
 _ARMED = _parse(os.environ.get("EOSINK_FAULT"))
 _SEEN: dict[str, int] = {}
+_SIMULATED: dict[str, list[int]] = {}
+
+
+class SimulatedCrash(BaseException):
+    """Raised by a fault point armed with :func:`simulate`: the in-process stand-in for a kill.
+
+    A ``BaseException``, so that no ``except Exception`` of the core or a plugin swallows it.
+    """
+
+
+@contextmanager
+def simulate(point: str, nth: int = 1) -> Iterator[list[int]]:
+    """Within the block, the ``nth`` time ``point`` is reached it raises :class:`SimulatedCrash`.
+
+    For in-process crash tests (``eosink.testing``): the test abandons the objects of the
+    "crashed" run and starts a new one, as a restarted driver would. Yields a list that holds
+    the count of times the point was reached, so a test can tell whether it fired.
+    """
+    if point not in DRIVER_FAULT_POINTS + EXECUTOR_FAULT_POINTS:
+        raise ValueError(f"unknown fault point {point!r}")
+    state = [0, nth]
+    _SIMULATED[point] = state
+    try:
+        yield state
+    finally:
+        _SIMULATED.pop(point, None)
 
 
 def fault_point(name: str, *, first_attempt: bool = True) -> None:
@@ -77,6 +111,11 @@ def fault_point(name: str, *, first_attempt: bool = True) -> None:
         first_attempt: for executor points, whether this is a task's first attempt
             (retries never die, so the job can finish).
     """
+    if _SIMULATED and name in _SIMULATED:
+        state = _SIMULATED[name]
+        state[0] += 1
+        if state[0] == state[1]:
+            raise SimulatedCrash(name)
     if not _ARMED or name not in _ARMED or not first_attempt:
         return
     _SEEN[name] = _SEEN.get(name, 0) + 1

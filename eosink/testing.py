@@ -14,18 +14,25 @@ against the real target, without Spark (the protocol is driven the way eosink dr
         def read_rows(self, options):           # an independent reader of the target
             return [...list of dicts...]
 
-        def leftovers(self, options):           # optional: staged data that nobody references
-            return []
+        def leftovers(self, options):           # staged data that nobody references
+            return [...paths or ids...]
 
 Checked: registration through the entry point, picklable writers/options/results, versioned
 codecs, N write results -> 1 committable, nothing visible before commit, commit idempotent,
 abort (with and without a committable, twice) never raises and leaves nothing behind, a failed
-writer cleans up, a replayed commit after abort publishes nothing.
+writer cleans up, a replayed commit after abort publishes nothing, the output of a dead task
+attempt (its result never reached the driver) is never published and is cleaned up, and a
+crash at every fault point of the protocol (simulated in-process with
+:func:`eosink.faults.simulate`, then a new coordinator recovers through the core's
+``SinkRuntime`` on a SQLite meta store) ends with every row exactly once and nothing left.
+Each written epoch gets fresh writer attempt ids, as Spark's task attempts do.
 """
 
 from __future__ import annotations
 
 import pickle
+import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,8 +40,19 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from .faults import SimulatedCrash, simulate
 from .registry import get_sink
 from .sink import CoordinatedSinkWriter, SinkCommitCoordinator, SinkPlugin, WriterContext
+
+CRASH_POINTS = (
+    "after_pre_commit",
+    "after_persist",
+    "before_commit",
+    "mid_commit",
+    "after_commit",
+    "after_mark_committed",
+)
+"""Driver fault points the in-process crash test stops at (``mid_commit`` is the plugin's)."""
 
 __all__ = ["SinkConformance", "drive_writers"]
 
@@ -52,8 +70,9 @@ def drive_writers(
     ``setup`` is what the coordinator's ``writer_setup`` returned for the epoch.
     """
     results = []
+    run = uuid.uuid4().hex[:8]  # fresh attempt ids per call, as Spark's task attempts
     for i, batches in enumerate(partitions):
-        ctx = WriterContext(sink_id, epoch, i, f"p{i:05d}-a0-test", setup)
+        ctx = WriterContext(sink_id, epoch, i, f"p{i:05d}-a0-{run}", setup)
         writer = pickle.loads(pickle.dumps(plugin.writer_factory(options, ctx)))
         writer.begin_epoch(epoch)
         for b in batches:
@@ -78,7 +97,12 @@ class SinkConformance:
         raise NotImplementedError
 
     def leftovers(self, options: Any) -> list[str]:
-        return []
+        """Staged data that no committable references (files, uploads...): must be empty
+        after every commit and abort. Required: the suite cannot check cleanup without it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement leftovers(options): list what is staged "
+            "in the target and referenced by nothing"
+        )
 
     def batches(self, start: int, n: int) -> list[pa.RecordBatch]:
         ids = list(range(start, start + n))
@@ -200,3 +224,83 @@ class SinkConformance:
         coord, committable = self._epoch(plugin, options, 0, 0)
         coord.commit(0, committable)
         assert self._ids(options) == list(range(10))
+
+    def test_dead_attempt_is_never_published(self, setup: Any) -> None:
+        """A task attempt that finished writing but died before its result reached the
+        driver (a lost executor): Spark re-runs the task; only the new attempt is published,
+        and the dead attempt's data is cleaned up by commit or by the next recovery."""
+        plugin, options = setup
+        coord = self._coordinator(plugin, options)
+        first = self.batches(0, 5)
+        ws = coord.writer_setup(first[0].schema)
+        drive_writers(plugin, options, self.sink_id, 0, [first], ws)  # result lost
+        results = drive_writers(plugin, options, self.sink_id, 0, [first, self.batches(5, 5)], ws)
+        committable = coord.pre_commit(0, results, [])
+        coord.commit(0, committable)
+        assert self._ids(options) == list(range(10))
+        self._recover(plugin, options, first_epoch=1)
+        assert self._ids(options) == list(range(10))
+        assert self.leftovers(options) == []
+
+    def _recover(self, plugin: SinkPlugin[Any, Any, Any], options: Any, first_epoch: int) -> Any:
+        from ._metastore import MetaStore
+        from ._protocol import SinkRuntime
+
+        store = MetaStore(f"sqlite:///{self._db}")
+        rt = SinkRuntime(plugin, options, self.sink_id, store)
+        rt.start()
+        rt.lineage = "conformance"
+        rt.recover(first_epoch=first_epoch)
+        return rt
+
+    @pytest.fixture(autouse=True)
+    def _meta_store(self, tmp_path: Path) -> None:
+        self._db = tmp_path / "conformance-metastore.db"
+
+    @pytest.mark.parametrize("point", CRASH_POINTS)
+    @pytest.mark.parametrize("checkpointed", [True, False], ids=["checkpointed", "replayed"])
+    def test_crash_at_fault_point(self, setup: Any, point: str, checkpointed: bool) -> None:
+        """Epoch 0 is committed, epoch 1 crashes at ``point``; a new coordinator recovers
+        (epoch 1 checkpointed by Spark, or not and replayed), and every row lands once."""
+        from ._protocol import FINISH, SKIP
+
+        plugin, options = setup
+
+        def write(rt: Any, epoch: int, start: int) -> None:
+            parts = [self.batches(start, 5), self.batches(start + 5, 5)]
+            ws = rt.coordinator.writer_setup(parts[0][0].schema)
+            results = drive_writers(plugin, options, self.sink_id, epoch, parts, ws)
+            c, fig = rt.pre_commit(epoch, results, [], rows=10, write_s=0.0)
+            rt.commit_epoch(epoch, c, fig)
+
+        rt = self._recover(plugin, options, first_epoch=0)
+        write(rt, 0, 0)
+        with simulate(point) as fired:
+            try:
+                write(rt, 1, 10)
+            except SimulatedCrash:
+                pass
+        if not fired[0]:
+            pytest.skip(f"this sink never reaches fault point {point!r}")
+        rt.store.close()  # the crashed driver is gone; its objects are abandoned
+
+        # What the restarted driver sees. Before persist, Spark cannot have checkpointed
+        # the batch: it is replayed. After persist it may have (after_checkpoint mode) or
+        # not; from before_commit on, "not checkpointed" means inline mode, whose recovery
+        # commits every PENDING epoch.
+        replay = not checkpointed or point == "after_pre_commit"
+        if point in ("after_pre_commit", "after_persist"):
+            first = 1 if replay else 2
+        else:
+            first = 2 if checkpointed else sys.maxsize
+        rt = self._recover(plugin, options, first_epoch=first)
+        if replay:
+            decision = rt.stream_decision(1)
+            if decision == FINISH:
+                rt.finish(1)
+            elif decision != SKIP:
+                write(rt, 1, 10)
+        self._recover(plugin, options, first_epoch=2).store.close()
+        rt.store.close()
+        assert self._ids(options) == list(range(20))
+        assert self.leftovers(options) == []

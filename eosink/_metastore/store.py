@@ -158,12 +158,15 @@ def _make_engine(url: str, create: bool = True) -> Engine:
                 "for the default ($EOSINK_HOME/metastore.db)"
             )
         assert u.database is not None
-        if not create and not Path(u.database).is_file():
-            raise MetaStoreError(f"there is no eosink meta store at {u.database}")
+        try:
+            if not create and not Path(u.database).is_file():
+                raise MetaStoreError(f"there is no eosink meta store at {u.database}")
+            if create:
+                Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot use {u.database!r} as a SQLite meta store: {exc}") from None
     try:
         if u.get_backend_name() == "sqlite":
-            assert u.database is not None
-            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
             engine = create_engine(u, connect_args={"timeout": 60})
 
             @event.listens_for(engine, "connect")

@@ -80,8 +80,10 @@ class Coordinator(
         if not final.exists():
             tmp = self.root / f".epoch-{epoch:08d}.jsonl.tmp"
             with open(tmp, "w") as out:
-                for f in committable["files"]:
+                for i, f in enumerate(committable["files"]):
                     out.write(Path(f).read_text())
+                    if i == 0:
+                        eosink.fault_point("mid_commit")  # lets crash tests stop here
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, final)
