@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 import eosink
 from eosink import (
@@ -54,15 +55,70 @@ _EXT = {"parquet": "parquet", "json": "jsonl", "csv": "csv"}
 _ESCAPE = {chr(c) for c in range(0x00, 0x20)} | set("\"#%'*/:=?\\\x7f{[]^")
 
 
+# Parquet codecs pyarrow writes (LZO is read-only in Arrow C++); Spark's "uncompressed" = none.
+_PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "lz4_raw", "zstd")
+_CODEC_ALIASES = {"uncompressed": "none"}
+
+
+def parquet_codecs() -> list[str]:
+    """The Parquet compression codecs this installation of pyarrow can write."""
+    out = []
+    for c in _PARQUET_CODECS:
+        try:
+            if c == "none" or pa.Codec.is_available(c):
+                out.append(c)
+        except ValueError:  # a codec name this pyarrow does not know
+            pass
+    return out
+
+
+def _not_writable(path: Path) -> str | None:
+    """Why the file sink could not create or write the directory ``path``, else None."""
+    try:
+        st: os.stat_result | None = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except OSError as exc:
+        return f"cannot be accessed ({exc.strerror})"
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode):
+            return "exists and is not a directory (the file sink writes a directory of files)"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return "is a directory this user cannot write"
+        return None
+    parent = path.parent
+    while True:  # the nearest existing ancestor is where the directories get created
+        try:
+            st = parent.stat()
+            break
+        except (FileNotFoundError, NotADirectoryError):
+            if parent.parent == parent:
+                return "cannot be created"
+            parent = parent.parent
+        except OSError as exc:
+            return f"cannot be created: {parent}: {exc.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"cannot be created: {parent} is a file, not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent} is not writable by this user"
+    return None
+
+
 class FileSinkOptions(BaseModel):
     """Options of the ``file`` sink.
+
+    Validated on the driver before any Spark job or meta store row: the path must be a
+    directory this user can create or write, partition columns distinct, the codec one that
+    pyarrow can write.
 
     Attributes:
         path: output directory (local filesystem; created if missing).
         format: ``parquet`` (default), ``json`` (JSON lines) or ``csv``.
-        partition_by: columns giving Hive-style ``col=value/`` directories. Values are
-            escaped (``/`` becomes ``%2F``...) so that no value can leave ``path``.
-        compression: Parquet compression codec.
+        partition_by: distinct columns giving Hive-style ``col=value/`` directories. Values
+            are escaped (``/`` becomes ``%2F``...) so that no value can leave ``path``.
+        compression: Parquet compression codec (:func:`parquet_codecs`; ``uncompressed`` is
+            ``none``). JSON lines and CSV files are written uncompressed: any other value
+            with those formats is an error.
         fsync: fsync staged files and published directories (durability on power loss).
     """
 
@@ -82,7 +138,12 @@ class FileSinkOptions(BaseModel):
                 "only local paths are supported by the file sink in this version "
                 f"(got {v.split('://')[0]}://)"
             )
-        return str(Path(v.removeprefix("file://")).expanduser().resolve())
+        resolved = Path(v.removeprefix("file://")).expanduser().resolve()
+        problem = _not_writable(resolved)
+        if problem:
+            shown = repr(v) if str(resolved) == v else f"{v!r} ({resolved})"
+            raise ValueError(f"{shown} {problem}")
+        return str(resolved)
 
     @field_validator("partition_by", mode="before")
     @classmethod
@@ -90,6 +151,47 @@ class FileSinkOptions(BaseModel):
         if isinstance(v, str):  # "a,b" as written in Spark's .option("partition_by", "a,b")
             return tuple(c.strip() for c in v.split(",") if c.strip())
         return v
+
+    @field_validator("partition_by")
+    @classmethod
+    def _distinct(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        dups = sorted({c for c in v if v.count(c) > 1})
+        if dups:
+            which = (
+                f"column {dups[0]!r} appears"
+                if len(dups) == 1
+                else (f"columns {', '.join(map(repr, dups))} appear")
+            )
+            raise ValueError(
+                f"{which} more than once in {list(v)}; a column is a partition column once"
+            )
+        return v
+
+    @field_validator("compression")
+    @classmethod
+    def _codec(cls, v: str) -> str:
+        c = v.strip().lower()
+        c = _CODEC_ALIASES.get(c, c)
+        codecs = parquet_codecs()
+        if c not in codecs:
+            raise ValueError(
+                f"{v!r} is not a Parquet codec that pyarrow can write here; use one of: "
+                f"{', '.join(codecs)}"
+            )
+        return c
+
+    @model_validator(mode="after")
+    def _codec_needs_parquet(self) -> FileSinkOptions:
+        if (
+            self.format != "parquet"
+            and "compression" in self.model_fields_set
+            and self.compression != "none"
+        ):
+            raise ValueError(
+                f"compression={self.compression!r} applies to format='parquet' only; "
+                f"format={self.format!r} files are written uncompressed (drop compression)"
+            )
+        return self
 
 
 def escape_partition_value(value: str) -> str:
@@ -384,6 +486,17 @@ class FileCoordinator(
 
 
 def validate_schema(opts: FileSinkOptions, schema: pa.Schema) -> None:
+    seen: dict[str, str] = {}
+    for name in schema.names:
+        # Case-insensitive, like Spark's own file writers: readers could not tell them apart.
+        other = seen.get(name.lower())
+        seen[name.lower()] = name
+        if other is not None:
+            raise SchemaMismatchError(
+                f"the DataFrame has two columns named {other!r} and {name!r}; the file sink "
+                "needs distinct column names (case-insensitive, as Spark's file writers): "
+                "rename one with withColumnRenamed or an alias"
+            )
     for c in opts.partition_by:
         if c not in schema.names:
             raise SchemaMismatchError(
