@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import Any
 
-from .errors import EosinkError
+from .errors import EosinkError, MetaStoreError, MetaStoreUnavailableError
 
 __all__ = ["main"]
 
@@ -38,10 +38,102 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+_EOSINK_TABLE = "pending_sink_state"
+
+
+def _not_a_store(url: str, why: str) -> MetaStoreError:
+    from ._metastore import redact_url
+
+    return MetaStoreError(f"{redact_url(url)} is not an eosink meta store: {why}")
+
+
+def _describe_tables(tables: set[str]) -> str:
+    if not tables:
+        return "the database is empty (create a meta store with `eosink db upgrade --url ...`)"
+    shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+    return f"it has no {_EOSINK_TABLE} table (its tables: {shown})"
+
+
+def _check_sqlite(url: str, *, tables: bool = True) -> None:
+    """Refuse, without creating or changing anything, a SQLite URL that is no meta store.
+
+    Args:
+        url: the meta store URL (other databases than SQLite pass unchecked).
+        tables: also refuse a database without eosink's tables (an empty one included).
+
+    Raises:
+        MetaStoreError: no such file, or a file that is not an eosink meta store (an
+            unparseable URL is left to the meta store, which says what is wrong with it).
+    """
+    import sqlite3
+    from pathlib import Path
+    from urllib.parse import quote
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(url)
+    except (ArgumentError, ValueError):
+        return  # the meta store says what is wrong with it
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return
+    if u.database.startswith("file:"):
+        return  # a SQLite URI filename: left to the meta store
+    path = Path(u.database)
+    if path.is_dir():
+        raise _not_a_store(url, f"{path} is a directory")
+    if not path.is_file():
+        raise MetaStoreError(
+            f"there is no eosink meta store at {path} (no such file; nothing was created). "
+            "Check --metastore-url / EOSINK_METASTORE_URL"
+        )
+    try:
+        # mode=rw: never creates the file; a read changes nothing (no WAL switch).
+        con = sqlite3.connect(f"file:{quote(str(path.resolve()))}?mode=rw", uri=True)
+        try:
+            found = {
+                str(r[0]) for r in con.execute("select name from sqlite_master where type='table'")
+            }
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as exc:
+        raise _not_a_store(url, str(exc)) from None
+    if tables and _EOSINK_TABLE not in found:
+        raise _not_a_store(url, _describe_tables(found))
+
+
 def _store(url: str | None, create: bool = False) -> Any:
     from ._metastore import MetaStore, default_url
+    from .errors import SchemaOutdatedError
 
-    return MetaStore(url or default_url(), create=create)
+    url = url or default_url()
+    if not create:
+        _check_sqlite(url)
+    try:
+        return MetaStore(url, create=create)
+    except SchemaOutdatedError:
+        tables = None if create else _tables(url)
+        if tables is not None and _EOSINK_TABLE not in tables:
+            raise _not_a_store(url, _describe_tables(tables)) from None
+        raise
+
+
+def _tables(url: str) -> set[str] | None:
+    """The tables of the database at ``url``, or None if that cannot be found out."""
+    from sqlalchemy import inspect
+
+    from ._metastore.store import _make_engine
+
+    try:
+        engine = _make_engine(url, create=False)
+        try:
+            with engine.connect() as conn:
+                return set(inspect(conn).get_table_names())
+        finally:
+            engine.dispose()
+    except Exception:
+        return None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -123,18 +215,28 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_db(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import DatabaseError, OperationalError
+
     from ._metastore import default_url, redact_url
     from ._metastore.migrations import current_revision, head_revision, upgrade
     from ._metastore.store import _make_engine
 
     url = args.url or default_url()
-    engine = _make_engine(url)
+    if args.action != "upgrade":
+        _check_sqlite(url, tables=False)  # `current` never creates a meta store
+    engine = _make_engine(url, create=args.action == "upgrade")
     try:
         with engine.begin() as conn:
             before = current_revision(conn)
             if args.action == "upgrade":
                 upgrade(conn)
             after = current_revision(conn)
+    except OperationalError as exc:
+        raise MetaStoreUnavailableError(
+            f"meta store {redact_url(url)} is unreachable: {exc.orig}"
+        ) from None
+    except DatabaseError as exc:
+        raise _not_a_store(url, str(exc.orig)) from None
     finally:
         engine.dispose()
     if args.action == "upgrade":
@@ -188,8 +290,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.fn(args))
     except EosinkError as exc:
-        print(f"eosink: error: {exc}", file=sys.stderr)
+        print(f"eosink: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if args.verbose:
+            raise
+        print(
+            f"eosink: error: {type(exc).__name__}: {_one_line(str(exc))} "
+            "(run with -v for the traceback)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _one_line(text: str) -> str:
+    """Drivers' multi-line messages (psycopg's hints...) on one line."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -168,3 +168,93 @@ def test_column_names_with_dots(spark: Any, tmp_path: Path, fmt: str) -> None:
     back = back.schema("`a.b` long, `k.x` string")  # partition values are strings
     got = sorted((r["a.b"], r["k.x"]) for r in back.load(str(tmp_path / "parts")).collect())
     assert got == [(i, str(i % 2)) for i in range(4)]
+
+
+# -- eosink status / eosink db current on something that is not a meta store ---------------
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from eosink._cli import main
+
+    rc = main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def _one_error_line(rc: int, out: str) -> str:
+    assert rc != 0
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("eosink: error: "), out
+    assert "Traceback" not in out
+    return lines[0]
+
+
+@pytest.mark.parametrize("cmd", [["status", "--metastore-url"], ["db", "current", "--url"]])
+def test_cli_on_a_missing_sqlite_file_creates_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, cmd: list[str]
+) -> None:
+    db = tmp_path / "sub" / "metastore.db"
+    line = _one_error_line(*_cli(capsys, *cmd, f"sqlite:///{db}"))
+    assert f"there is no eosink meta store at {db}" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cmd", [["status", "--metastore-url"], ["db", "current", "--url"]])
+@pytest.mark.parametrize("content", ["random", "header"])
+def test_cli_on_a_corrupt_sqlite_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, cmd: list[str], content: str
+) -> None:
+    db = tmp_path / "metastore.db"
+    body = os.urandom(5000) if content == "random" else b"SQLite format 3\0" + b"\x07" * 4000
+    db.write_bytes(body)
+    line = _one_error_line(*_cli(capsys, *cmd, f"sqlite:///{db}"))
+    assert f"sqlite:///{db} is not an eosink meta store: " in line
+    assert db.read_bytes() == body
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metastore.db"]
+
+
+def test_status_on_another_applications_sqlite_database(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import sqlite3
+
+    db = tmp_path / "app.db"
+    con = sqlite3.connect(db)
+    con.execute("create table users (name text)")
+    con.commit()
+    con.close()
+    body = db.read_bytes()
+    line = _one_error_line(*_cli(capsys, "status", "--metastore-url", f"sqlite:///{db}"))
+    assert "is not an eosink meta store: it has no pending_sink_state table" in line
+    assert "users" in line
+    assert db.read_bytes() == body  # not even switched to WAL mode
+    (tmp_path / "empty.db").write_bytes(b"")
+    line = _one_error_line(
+        *_cli(capsys, "status", "--metastore-url", f"sqlite:///{tmp_path / 'empty.db'}")
+    )
+    assert "is not an eosink meta store: the database is empty" in line
+    assert "eosink db upgrade" in line
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "nonsense://",
+        "postgresql://a:hunter2@:x/",
+        "notaurl",
+        "postgresql://u:hunter2@127.0.0.1:1/x",
+    ],
+)
+@pytest.mark.parametrize("cmd", [["status", "--metastore-url"], ["db", "current", "--url"]])
+def test_cli_on_a_bad_url(capsys: pytest.CaptureFixture[str], cmd: list[str], url: str) -> None:
+    line = _one_error_line(*_cli(capsys, *cmd, url))
+    assert "hunter2" not in line
+    assert "meta store" in line
+
+
+def test_db_upgrade_creates_a_store_that_status_reads(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'new' / 'metastore.db'}"
+    rc, out = _cli(capsys, "db", "upgrade", "--url", url)
+    assert rc == 0 and "schema (empty) -> " in out
+    rc, out = _cli(capsys, "status", "--metastore-url", url)
+    assert rc == 0 and "no sinks recorded yet" in out
