@@ -167,9 +167,7 @@ class _BatchWriter(DataSourceArrowWriter):
 
 
 class _StreamWriter(DataSourceStreamArrowWriter):
-    def __init__(
-        self, s: _Setup, base: int, lineage: str, schema: pa.Schema, setup: Any
-    ) -> None:
+    def __init__(self, s: _Setup, base: int, lineage: str, schema: pa.Schema, setup: Any) -> None:
         self.setup = setup
         self.s, self.base, self.lineage, self.schema = s, base, lineage, schema
 

@@ -141,9 +141,16 @@ def run_writer(
 
 
 def _task_fn(
-    plugin: SinkPlugin[Any, Any, Any], options: Any, sink_id: str, epoch: int, setup: Any
+    plugin: SinkPlugin[Any, Any, Any],
+    options: Any,
+    sink_id: str,
+    epoch: int,
+    setup: Any,
+    names: list[str] | None = None,
 ) -> Any:
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        if names is not None:  # the DataFrame's own column names (see write_epoch)
+            batches = (b.rename_columns(names) for b in batches)
         result, rows = run_writer(plugin, options, sink_id, epoch, setup, batches)
         yield pa.record_batch(
             [pa.array([result], pa.binary()), pa.array([rows], pa.int64())],
@@ -168,8 +175,12 @@ def write_epoch(
     """
     t0 = time.perf_counter()
     try:
-        fn = _task_fn(plugin, options, sink_id, epoch, setup)
-        out = df.mapInArrow(fn, _RESULT_SCHEMA).collect()
+        # mapInArrow resolves each column as df[name], which reads "a.b" as field b of a
+        # column a: hand it positional names and give writers the real ones back.
+        names = df.columns
+        fn = _task_fn(plugin, options, sink_id, epoch, setup, names)
+        plain = df.toDF(*[f"_c{i}" for i in range(len(names))])
+        out = plain.mapInArrow(fn, _RESULT_SCHEMA).collect()
     except Exception as exc:
         if isinstance(exc, EosinkError):
             raise

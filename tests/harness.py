@@ -85,29 +85,14 @@ class Job:
         """Run the driver; with ``fault`` it must die by SIGKILL at that point.
 
         ``kill_after`` kills the whole driver (Python and JVM) after that many seconds.
-        ``kill_in_protocol`` kills it that many seconds after the meta store's record of the
-        sink first changes in this run (an epoch persisted, committed or aborted), so that the
-        kill lands inside the protocol rather than in Spark's start-up.
+        ``kill_in_protocol`` kills it that many seconds after this run persisted its first
+        PENDING epoch (``saw_pending`` is then True), so that the kill lands inside the
+        protocol rather than in Spark's start-up.
         Returns the exit code (-9 when killed).
         """
-        env = dict(os.environ)
-        env.pop("EOSINK_FAULT", None)
-        # Short-lived drivers start faster with the C1 JIT only, and with Spark's classes
-        # from a class-data-sharing archive once conftest has built it (tests/jvm.py).
-        from jvm import FAST_JVM_FLAGS, driver_submit_args
-
-        env.setdefault("JDK_JAVA_OPTIONS", " ".join(FAST_JVM_FLAGS))
-        archive = os.environ.get("EOSINK_TEST_CDS", "0")
-        if archive != "0" and "PYSPARK_SUBMIT_ARGS" not in env:
-            submit = driver_submit_args(Path(archive))
-            if submit:
-                env["PYSPARK_SUBMIT_ARGS"] = submit
-        self.marks = self.tmp / f"faults-{len(self.logs)}"
-        self.marks.mkdir()
-        env["EOSINK_FAULT_MARK"] = str(self.marks)
-        if fault:
-            env["EOSINK_FAULT"] = fault
+        env = self._env(fault)
         log = self.tmp / f"run-{len(self.logs)}.log"
+        self.saw_pending = False
         with open(log, "w") as fh:
             proc = subprocess.Popen(
                 self.argv(), env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
@@ -134,6 +119,26 @@ class Job:
         self.logs.append(log.read_text())
         return code
 
+    def _env(self, fault: str | None) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("EOSINK_FAULT", None)
+        # Short-lived drivers start faster with the C1 JIT only, and with Spark's classes
+        # from a class-data-sharing archive once conftest has built it (tests/jvm.py).
+        from jvm import FAST_JVM_FLAGS, driver_submit_args
+
+        env.setdefault("JDK_JAVA_OPTIONS", " ".join(FAST_JVM_FLAGS))
+        archive = os.environ.get("EOSINK_TEST_CDS", "0")
+        if archive != "0" and "PYSPARK_SUBMIT_ARGS" not in env:
+            submit = driver_submit_args(Path(archive))
+            if submit:
+                env["PYSPARK_SUBMIT_ARGS"] = submit
+        self.marks = self.tmp / f"faults-{len(self.logs)}"
+        self.marks.mkdir()
+        env["EOSINK_FAULT_MARK"] = str(self.marks)
+        if fault:
+            env["EOSINK_FAULT"] = fault
+        return env
+
     def _state(self) -> list[tuple[str, int]]:
         try:
             states = epoch_states(self.metastore, self.sink_id)
@@ -142,13 +147,49 @@ class Job:
         return sorted((s, e) for s, epochs in states.items() for e in epochs)
 
     def _wait_for_protocol(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
-        """Return once the sink's meta store rows differ from before, or the driver ended."""
-        before = self._state()
+        """Return once this run persisted its first PENDING epoch (an epoch row that was not
+        there before appeared: rows are only created PENDING), or the driver ended.
+        ``saw_pending`` tells which."""
+        before = {e for _, e in self._state()}
         deadline = time.monotonic() + timeout
+        self.saw_pending = False
         while proc.poll() is None and time.monotonic() < deadline:
-            if self._state() != before:
+            if {e for _, e in self._state()} - before:
+                self.saw_pending = True
                 return
-            time.sleep(0.05)
+            time.sleep(0.02)
+
+    def run_concurrently(self, n: int, timeout: float = 300) -> list[int]:
+        """Start ``n`` drivers of this job at once; wait for all; return their exit codes."""
+        env = self._env(None)
+        procs = []
+        files = []
+        for i in range(n):
+            log = self.tmp / f"run-{len(self.logs)}-{i}.log"
+            fh = open(log, "w")
+            files.append((log, fh))
+            procs.append(
+                subprocess.Popen(
+                    self.argv(),
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+        codes = []
+        for proc in procs:
+            try:
+                codes.append(proc.wait(timeout=timeout))
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for log, fh in files:
+            fh.close()
+            self.logs.append(log.read_text())
+        return codes
 
     def fired(self) -> list[str]:
         """The fault points that killed a process during the last run."""
@@ -183,6 +224,7 @@ class Job:
 
 def read_ids(out: Path, partitioned: bool = False) -> list[int]:
     """Read the output back with pyarrow (the independent reader)."""
+
     def visible(p: Path) -> bool:  # what Spark and pyarrow read: no "_" or "." prefix
         return p.is_file() and not any(x[:1] in "_." for x in p.relative_to(out).parts)
 

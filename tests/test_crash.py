@@ -33,6 +33,17 @@ STREAM_FAULTS = [
     ["after_persist@3", "mid_abort"],
     # Two crashes in a row at different points.
     ["after_commit@1", "after_persist@2"],
+    # Crashes inside recovery itself: epoch 2 persisted, not checkpointed (aborted at the
+    # restart), and the restart dies between marking it ABORTED and the plugin's abort, or
+    # between the abort and deleting the row; epoch 1 checkpointed, not committed, and the
+    # restart dies inside / right after recovery's own commit of it.
+    ["after_persist@3", "recovery_before_abort"],
+    ["after_persist@3", "recovery_before_finish_abort"],
+    ["before_commit@2", "mid_commit"],
+    ["before_commit@2", "after_commit"],
+    # The first run dies right after writing the checkpoint's lineage file, before the meta
+    # store records it.
+    ["after_lineage_written"],
 ]
 BATCH_FAULTS = [
     ["after_write_results"],
@@ -43,6 +54,8 @@ BATCH_FAULTS = [
     ["after_commit"],
     ["after_mark_committed"],
     ["after_pre_commit", "mid_abort"],
+    # The restart finishes the crashed run's PENDING epoch and dies inside that commit.
+    ["after_persist", "after_commit"],
 ]
 INLINE_FAULTS = [["after_persist@2"], ["mid_commit@2"], ["after_commit@2"]]
 DS_FAULTS = [["after_persist@2"], ["mid_commit@2"], ["after_commit@3"]]
@@ -145,12 +158,28 @@ def test_datasource_stream_crash(
     _crash_and_recover(job, faults, expected)
 
 
-def test_executor_task_killed_is_retried(tmp_path: Path) -> None:
-    """A task's Python worker dies before finish_write; Spark retries it; exactly once."""
+@pytest.mark.parametrize("point", ["task_before_finish", "task_after_finish"])
+def test_executor_task_killed_is_retried(tmp_path: Path, point: str) -> None:
+    """A task's Python worker dies before finish_write, or after it (its files are durable,
+    its result never reaches the driver); Spark retries it; exactly once, nothing left."""
     job = Job(tmp_path, "stream", f"sqlite:///{tmp_path / 'm.db'}", master="local[2,3]")
     expected = make_input(job.input, files=3)
-    assert job.run(fault="task_before_finish") == 0, job.last_log()
-    assert "task_before_finish" in job.fired()
+    assert job.run(fault=point) == 0, job.last_log()
+    assert point in job.fired()
+    _check(job, expected)
+
+
+def test_two_drivers_on_one_sink(tmp_path: Path) -> None:
+    """Two real driver processes run the same stream (same sink, checkpoint and meta store)
+    at once, as after a failover whose old driver is still alive: the later one fences the
+    earlier one, which stops without publishing; a final run completes; exactly once."""
+    job = Job(tmp_path, "stream", f"sqlite:///{tmp_path / 'm.db'}")
+    expected = make_input(job.input, files=12, rows=100)
+    codes = job.run_concurrently(2)
+    logs = "\n".join(job.logs[-2:])
+    assert "fenced by a newer one" in logs, logs[-6000:]
+    assert any(c != 0 for c in codes), codes
+    assert job.run() == 0, job.last_log()
     _check(job, expected)
 
 
@@ -177,13 +206,14 @@ def test_random_kills(
     for attempt in range(4):
         if attempt % 2 == 0:
             code = job.run(kill_in_protocol=rng.uniform(0.0, window))
-            in_protocol += code == -9
+            # Killed, and the kill came after this run's first PENDING epoch.
+            in_protocol += code == -9 and job.saw_pending
         else:
             code = job.run(kill_after=rng.uniform(4.0, 16.0))
         assert code in (0, -9), job.last_log()
         if code == 0:
             break
-    assert in_protocol >= 1, "no kill landed after the protocol started"
+    assert in_protocol >= 1, "no kill landed after the run's first PENDING epoch"
     assert job.run() == 0, job.last_log()
     _check(job, expected)
 

@@ -25,3 +25,9 @@ def test_readme_opens_with_demo_and_test_commands() -> None:
     assert "eosink demo" in lines[0]
     assert "pytest" in lines[1]
     assert lines[1].split("&& ", 1)[1] in (ROOT / ".ci" / "run").read_text()
+
+
+def test_plugin_docs_ship_the_example_plugin_verbatim() -> None:
+    """Plugin authors copy the example from the docs: it must be the tested source."""
+    src = (ROOT / "tests" / "example_plugin" / "eosink_example" / "__init__.py").read_text()
+    assert f"```python\n{src}```" in (ROOT / "docs" / "plugins.md").read_text()

@@ -150,12 +150,17 @@ def test_partition_by_names_the_actual_spec_and_accepts_the_same(
 
 
 def test_transforms_without_pyiceberg_core_are_refused_before_creation(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The extra installs pyiceberg-core; an environment without it gets a clear error."""
     import importlib.util
 
-    if importlib.util.find_spec("pyiceberg_core") is not None:
-        pytest.skip("pyiceberg-core is installed")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "pyiceberg_core" else real(name, *a),
+    )
     df = spark.range(0, 10).selectExpr("id", "current_date() as day")
     with pytest.raises(eosink.ConfigError, match=r"day.*pyiceberg-core"):
         eosink.run(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -212,6 +213,15 @@ def test_partition_values_cannot_escape_path(tmp_path: Path) -> None:
         assert f.resolve().is_relative_to(root)
         assert f.parent.parent == root, f  # exactly one directory level: k=<escaped>
     assert not any(p.name == ".." for p in root.rglob("*"))
+    # Where an unescaped value would have landed: nothing there.
+    for v in values:
+        if v and "/" in v:
+            landing = Path(os.path.normpath(root / f"k={v}"))
+            assert not landing.exists() and not (landing.parent / "k=a").exists(), landing
+    assert not (root / "etc").exists() and not (root.parent / "etc").exists()
+    names = {p.name for p in root.iterdir()}
+    assert {n for n in names if not n.startswith("_")} == {f.parent.name for f in files}
+    assert {n for n in names if n.startswith("_")} <= {"_eosink", "_eosink_staging"}
     table = ds.dataset(
         root,
         format="parquet",

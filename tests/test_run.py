@@ -265,7 +265,9 @@ def test_partition_values_escaped_end_to_end(spark, tmp_path: Path) -> None:
     )
     root = out.resolve()
     assert all(p.resolve().is_relative_to(root) for p in root.rglob("*"))
-    assert not (tmp_path / "x").exists()
+    # Where unescaped values would land: out/k=../../x is out/x, out/k=a/b is out/k=a/b.
+    for landing in (root / "x", root / "k=a", tmp_path / "x", root.parent / "x"):
+        assert not landing.exists(), landing
     back = {r.id: r.k for r in spark.read.parquet(str(out)).collect()}
     assert back == dict(rows)
 

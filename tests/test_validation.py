@@ -12,7 +12,7 @@ import pyarrow.dataset as ds
 import pytest
 
 import eosink
-from eosink import ConfigError, SchemaMismatchError, SinkError
+from eosink import ConfigError, SchemaMismatchError
 
 
 def _fails_before_anything(
@@ -143,12 +143,6 @@ def _rows(out: Path, fmt: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["a.b"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=SinkError,
-    reason="pyspark's mapInArrow addresses input columns as df[name], which reads 'a.b' as "
-    "field b of column a; needs the column renaming in eosink._spark.write_epoch",
-)
 @pytest.mark.parametrize("fmt", ["parquet", "json", "csv"])
 def test_column_names_with_dots(spark: Any, tmp_path: Path, fmt: str) -> None:
     df = spark.range(4).selectExpr("id as `a.b`", "cast(id % 2 as string) as `k.x`")

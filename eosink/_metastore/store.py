@@ -128,7 +128,7 @@ def default_url(checkpoint_location: str | None = None) -> str:
             )
             return f"sqlite:///{legacy.resolve()}"
     base = Path(os.environ.get("EOSINK_HOME", Path.home() / ".eosink")).expanduser()
-    base.mkdir(parents=True, exist_ok=True)
+    # Not created here: a read-only command (eosink status) must create nothing.
     return f"sqlite:///{(base / 'metastore.db').resolve()}"
 
 
@@ -172,7 +172,8 @@ def _make_engine(url: str, create: bool = True) -> Engine:
             @event.listens_for(engine, "connect")
             def _pragmas(dbapi_conn: Any, _record: Any) -> None:
                 cur = dbapi_conn.cursor()
-                cur.execute("PRAGMA journal_mode=WAL")
+                if create:  # never change a file a read-only open may not own
+                    cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute("PRAGMA synchronous=FULL")
                 cur.close()
 
