@@ -448,7 +448,5 @@ def test_schema_change_epoch_crashes_around_its_commit(spark, tmp_path: Path, po
     assert [f.name for f in table.schema().fields] == ["id", "extra"]
     rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda d: d["id"])
     assert rows == [{"id": i, "extra": None if i < 5 else f"v{i}"} for i in range(10)]
-    snaps = [
-        s for s in table.snapshots() if (s.summary or {}).get("eosink.epoch") in ("0", "1")
-    ]
+    snaps = [s for s in table.snapshots() if (s.summary or {}).get("eosink.epoch") in ("0", "1")]
     assert len(snaps) == 2  # one append per epoch, never two
