@@ -159,37 +159,44 @@ class Job:
                 return
             time.sleep(0.02)
 
-    def run_concurrently(self, n: int, timeout: float = 300) -> list[int]:
-        """Start ``n`` drivers of this job at once; wait for all; return their exit codes."""
+    def run_overlapping(self, timeout: float = 300) -> tuple[int, int, str, str]:
+        """Start driver A; once A persisted its first PENDING epoch (it is inside the
+        protocol), start driver B of the same job. Wait for both; return (code A, code B,
+        log A, log B). Both logs are appended to ``logs``."""
         env = self._env(None)
-        procs = []
-        files = []
-        for i in range(n):
-            log = self.tmp / f"run-{len(self.logs)}-{i}.log"
-            fh = open(log, "w")
-            files.append((log, fh))
-            procs.append(
-                subprocess.Popen(
-                    self.argv(),
-                    env=env,
-                    stdout=fh,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+        procs: list[subprocess.Popen[bytes]] = []
+        paths = [self.tmp / f"run-{len(self.logs)}-{name}.log" for name in ("a", "b")]
+        handles = [open(p, "w") for p in paths]
+        try:
+            before = {e for _, e in self._state()}
+            for i, fh in enumerate(handles):
+                procs.append(
+                    subprocess.Popen(
+                        self.argv(),
+                        env=env,
+                        stdout=fh,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
                 )
-            )
-        codes = []
-        for proc in procs:
-            try:
-                codes.append(proc.wait(timeout=timeout))
-            finally:
+                if i == 0:
+                    deadline = time.monotonic() + timeout
+                    while procs[0].poll() is None and time.monotonic() < deadline:
+                        if {e for _, e in self._state()} - before:
+                            break
+                        time.sleep(0.02)
+            codes = [p.wait(timeout=timeout) for p in procs]
+        finally:
+            for p in procs:
                 try:
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        for log, fh in files:
-            fh.close()
-            self.logs.append(log.read_text())
-        return codes
+            for fh in handles:
+                fh.close()
+        logs = [p.read_text() for p in paths]
+        self.logs += logs
+        return codes[0], codes[1], logs[0], logs[1]
 
     def fired(self) -> list[str]:
         """The fault points that killed a process during the last run."""

@@ -79,3 +79,23 @@ def test_iceberg_crash(
     assert all(r["payload"] == f"payload-{r['id']}" for r in rows)
     assert orphan_files(opts) == []
     assert set(epoch_states(metastore, job.sink_id)) == {"COMMITTED"}
+
+
+def test_iceberg_executor_lost_after_finish_write(tmp_path: Path) -> None:
+    """A task's Python worker dies right after its writer's finish_write (its data files are
+    written, its result never reaches the driver); Spark retries the task. The table holds
+    every row once and no data file of the dead attempt is left."""
+    job = Job(
+        tmp_path,
+        "stream",
+        f"sqlite:///{tmp_path / 'metastore.db'}",
+        sink="iceberg",
+        master="local[2,3]",
+    )
+    expected = make_input(job.input, files=3)
+    assert job.run(fault="task_after_finish") == 0, job.last_log()
+    assert "task_after_finish" in job.fired()
+    opts = job.iceberg_options()
+    assert sorted(r["id"] for r in iceberg_rows(opts)) == expected
+    assert orphan_files(opts) == []
+    assert set(epoch_states(job.metastore, job.sink_id)) == {"COMMITTED"}

@@ -383,7 +383,8 @@ def test_abort_of_a_committed_epoch_never_deletes_referenced_files(tmp_path: Pat
 # -- (f) the sink's marker in the table -------------------------------------------------------
 def test_marker_round_trip_and_last_epoch(tmp_path: Path) -> None:
     coord = _coordinator(tmp_path, sink_id="marked")
-    assert coord.target_id() == "iceberg:eosink.db.events"
+    target = coord.target_id()
+    assert target is not None and target.startswith("iceberg:eosink.db.events in sqlite:///")
     assert coord.read_marker() is None  # no table yet
     marker = {
         "sink_id": "marked",
@@ -412,3 +413,14 @@ def test_marker_round_trip_and_last_epoch(tmp_path: Path) -> None:
     other.write_marker({**marker, "sink_id": "other"})
     assert other.read_marker() == {**marker, "sink_id": "other", "last_epoch": -1}
     assert _coordinator(tmp_path, sink_id="marked").read_marker() == {**moved, "last_epoch": 7}
+
+
+def test_same_table_name_in_another_catalog_is_another_target(spark: Any, tmp_path: Path) -> None:
+    """The default sink_id names catalog and table; the same name in another warehouse is
+    another target: refused, not silently skipped."""
+    url = _url(tmp_path)
+    df = spark.range(0, 5).selectExpr("id", "'g' as grp")
+    eosink.run(df, sink="iceberg", epoch=0, metastore_url=url, **_opts(tmp_path))
+    other = {**_opts(tmp_path), "warehouse": str(tmp_path / "other-wh")}
+    with pytest.raises(eosink.SinkIdentityError, match=r"is bound to iceberg:eosink\.db\.events"):
+        eosink.run(df, sink="iceberg", epoch=0, metastore_url=url, **other)

@@ -528,8 +528,12 @@ class IcebergCoordinator(
 
     def target_id(self) -> str | None:
         # Stable before and after the table exists (it may be created by writer_setup,
-        # after the core bound the sink to this id), hence no table uuid.
-        return f"iceberg:{self.opts.catalog_name}.{self.opts.table}"
+        # after the core bound the sink to this id), hence no table uuid; the catalog's
+        # location (credentials removed) tells two catalogs of the same name apart.
+        props = self.opts.catalog_properties()
+        where = re.sub(r"//[^/@]*@", "//", props.get("uri") or props.get("warehouse") or "")
+        name = f"iceberg:{self.opts.catalog_name}.{self.opts.table}"
+        return f"{name} in {where}" if where else name
 
     def _table(self) -> Any:
         if self.catalog is None:
