@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ._checkpoint import CheckpointDir
-from ._metastore import BATCH, MetaStore, default_url
+from ._metastore import BATCH, PENDING, MetaStore, default_url
 from ._protocol import FINISH, SKIP, SinkRuntime
 from ._spark import run_writer
 from .errors import ConfigError
@@ -184,7 +184,7 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         try:
             # Inline-mode recovery: PENDING epochs left by a crash hold complete data.
             rt.recover(
-                first_epoch=epoch + 1 if rt.status_of(epoch) == "PENDING" else epoch,
+                first_epoch=epoch + 1 if rt.status_of(epoch) == PENDING else epoch,
                 keep_staged=frozenset({epoch}),
             )
             if rt.stream_decision(epoch) == SKIP:

@@ -336,19 +336,10 @@ class SinkRuntime:
         """After recovery: move the stream's base above epochs other runs used meanwhile."""
         last_batch = ckpt.last_committed_batch()
         nxt = 0 if last_batch is None else last_batch + 1
-        mine = [
-            r
-            for r in self.store.epochs(self.sink_id, limit=50)
-            if r.origin in (None, self.lineage) and r.epoch >= base + nxt
-        ]
-        if mine:  # this query's own epochs ahead (inline commit before Spark's checkpoint)
-            return base
-        others = [
-            r.epoch
-            for r in self.store.epochs(self.sink_id)
-            if r.origin is not None and r.origin != self.lineage
-        ]
-        top = max(others, default=-1)
+        rows = self.store.epochs(self.sink_id)
+        if any(r.origin in (None, self.lineage) and r.epoch >= base + nxt for r in rows):
+            return base  # this query's own epochs ahead (inline commit before the checkpoint)
+        top = max((r.epoch for r in rows if r.origin not in (None, self.lineage)), default=-1)
         if top < base + nxt:
             return base
         new_base = top + 1 - nxt

@@ -132,6 +132,11 @@ def default_url(checkpoint_location: str | None = None) -> str:
     return f"sqlite:///{(base / 'metastore.db').resolve()}"
 
 
+def _greatest(dialect: str, column: Any, value: int) -> Any:
+    """SQL ``max(column, value)`` of two values (SQLite's scalar max, elsewhere greatest)."""
+    return func.max(column, value) if dialect == "sqlite" else func.greatest(column, value)
+
+
 def _make_engine(url: str, create: bool = True) -> Engine:
     try:
         u = make_url(url)
@@ -404,9 +409,7 @@ class MetaStore:
             generation,
             "adopt",
             gc_floor=last_epoch,
-            high_water=func.max(SinkRow.high_water, last_epoch)
-            if self.engine.dialect.name == "sqlite"
-            else func.greatest(SinkRow.high_water, last_epoch),
+            high_water=_greatest(self.engine.dialect.name, SinkRow.high_water, last_epoch),
         )
 
     def stream_high(self, sink_id: str) -> int:
@@ -611,9 +614,7 @@ class MetaStore:
                     update(SinkRow)
                     .where(SinkRow.sink_id == sink_id)
                     .values(
-                        high_water=func.max(SinkRow.high_water, epoch)
-                        if conn.dialect.name == "sqlite"
-                        else func.greatest(SinkRow.high_water, epoch),
+                        high_water=_greatest(conn.dialect.name, SinkRow.high_water, epoch),
                         committed_epochs=SinkRow.committed_epochs + 1,
                     )
                 )
