@@ -17,6 +17,23 @@ import time
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
 
+def _hold(batches):  # type: ignore[no-untyped-def]
+    """Executor side of ``CRASHJOB_HOLD=<file>``: the first non-empty Arrow batch of the run
+    passes (it claims ``<file>.first``); every later one waits while ``file`` exists (120 s
+    at most), so a test can keep this driver inside its stream until something else
+    happened (tests/harness.py ``run_overlapping``)."""
+    path = os.environ.get("CRASHJOB_HOLD", "")
+    for b in batches:
+        if path and b.num_rows:
+            try:
+                os.close(os.open(path + ".first", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                deadline = time.monotonic() + 120
+                while os.path.exists(path) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        yield b
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=["batch", "stream", "ds-stream"], required=True)
@@ -69,6 +86,8 @@ def main() -> int:
         print("RESULT", r, flush=True)
     elif a.mode == "stream":
         sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
+        if os.environ.get("CRASHJOB_HOLD"):
+            sdf = sdf.mapInArrow(_hold, schema)
         h = eosink.run(
             sdf,
             sink=a.sink,

@@ -161,32 +161,45 @@ class Job:
 
     def run_overlapping(self, timeout: float = 300) -> tuple[int, int, str, str]:
         """Start driver A; once A persisted its first PENDING epoch (it is inside the
-        protocol), start driver B of the same job. Wait for both; return (code A, code B,
-        log A, log B). Both logs are appended to ``logs``."""
+        protocol), start driver B of the same job. A's micro-batches after its first are held
+        on its executors until B has taken the sink over (the sink's generation went up), so
+        B always fences a live A whatever the machine's speed. Wait for both; return
+        (code A, code B, log A, log B), logs also in ``logs``."""
         env = self._env(None)
+        hold = self.tmp / "hold-a"
+        hold.touch()
         procs: list[subprocess.Popen[bytes]] = []
         paths = [self.tmp / f"run-{len(self.logs)}-{name}.log" for name in ("a", "b")]
         handles = [open(p, "w") for p in paths]
         try:
             before = {e for _, e in self._state()}
             for i, fh in enumerate(handles):
+                run_env = dict(env, CRASHJOB_HOLD=str(hold)) if i == 0 else env
                 procs.append(
                     subprocess.Popen(
                         self.argv(),
-                        env=env,
+                        env=run_env,
                         stdout=fh,
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
                     )
                 )
+                deadline = time.monotonic() + timeout
                 if i == 0:
-                    deadline = time.monotonic() + timeout
                     while procs[0].poll() is None and time.monotonic() < deadline:
                         if {e for _, e in self._state()} - before:
                             break
                         time.sleep(0.02)
+                    generation = self._generation()
+                else:
+                    while procs[1].poll() is None and time.monotonic() < deadline:
+                        if self._generation() > generation:
+                            break
+                        time.sleep(0.05)
+                    hold.unlink()
             codes = [p.wait(timeout=timeout) for p in procs]
         finally:
+            hold.unlink(missing_ok=True)
             for p in procs:
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
@@ -197,6 +210,22 @@ class Job:
         logs = [p.read_text() for p in paths]
         self.logs += logs
         return codes[0], codes[1], logs[0], logs[1]
+
+    def _generation(self) -> int:
+        import sqlalchemy as sa
+
+        eng = sa.create_engine(self.metastore)
+        try:
+            with eng.connect() as c:
+                g = c.execute(
+                    sa.text("select generation from eosink_sink where sink_id = :s"),
+                    {"s": self.sink_id},
+                ).scalar()
+        except sa.exc.OperationalError:  # no schema yet
+            return 0
+        finally:
+            eng.dispose()
+        return int(g or 0)
 
     def fired(self) -> list[str]:
         """The fault points that killed a process during the last run."""
