@@ -1,4 +1,4 @@
-"""A conformance suite for sink plugins, shipped with eosink. Requires pytest.
+"""A conformance suite for sink plugins, shipped with eosink. Needs ``eosink[testing]`` (pytest).
 
 Every sink's tests subclass :class:`SinkConformance` and get the plugin contracts checked
 against the real target, without Spark (the protocol is driven the way eosink drives it)::
@@ -38,7 +38,15 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pytest
+
+from .errors import MissingExtraError
+
+try:
+    import pytest
+except ImportError as _exc:  # eosink.testing is for test environments: pytest is an extra
+    raise MissingExtraError(
+        "pytest", "testing", "eosink.testing, the conformance suite for sink plugins"
+    ) from _exc
 
 from .faults import SimulatedCrash, simulate
 from .registry import get_sink
