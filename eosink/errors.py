@@ -70,17 +70,35 @@ class UnknownSinkError(ConfigError):
         self.known = sorted(known)
 
 
-class MissingExtraError(EosinkError, ImportError):
-    """An optional dependency is missing; the message names the pip extra that installs it."""
+class MissingExtraError(ConfigError, ImportError):
+    """An optional dependency is missing; the message names the pip install that adds it.
 
-    def __init__(self, module: str, extra: str, what: str = "") -> None:
+    A :class:`ConfigError` (the environment lacks what the requested sink or meta store needs,
+    found before any Spark job starts) and an ``ImportError``.
+
+    Args:
+        module: the Python module that cannot be imported (``pyiceberg``).
+        extra: the eosink extra that installs it (``iceberg``: ``pip install 'eosink[iceberg]'``).
+        what: what needs it (``the iceberg sink``).
+        install: what to ``pip install`` instead of ``eosink[<extra>]``, e.g. the extra of a
+            third-party plugin's package (``my-sink[s3]``).
+
+    Attributes:
+        install: the argument of ``pip install`` that fixes it (``eosink[iceberg]``).
+        pip: the whole command, ``pip install 'eosink[iceberg]'``.
+    """
+
+    def __init__(self, module: str, extra: str, what: str = "", *, install: str = "") -> None:
         purpose = f" (needed for {what})" if what else ""
+        install = install or f"eosink[{extra}]"
+        pip = f"pip install '{install}'"
         super().__init__(
-            f"Python module {module!r} is not installed{purpose}. "
-            f"Install it with: pip install 'eosink[{extra}]'"
+            f"Python module {module!r} is not installed{purpose}. Install it with: {pip}"
         )
         self.name = module
         self.extra = extra
+        self.install = install
+        self.pip = pip
 
 
 class SchemaMismatchError(ConfigError):

@@ -22,12 +22,25 @@ __all__ = ["ENTRY_POINT_GROUP", "SinkInfo", "get_sink", "list_sinks", "plugin_ma
 
 @dataclass(frozen=True)
 class SinkInfo:
-    """One installed sink, as ``eosink plugins`` lists it."""
+    """One installed sink, as ``eosink plugins`` lists it.
+
+    Attributes:
+        missing: the modules the sink declares (``SinkPlugin.requires``) that are not
+            installed; empty when the sink is ready.
+        install: the command that installs them (``pip install 'eosink[iceberg]'``), or "".
+    """
 
     name: str
     package: str
     version: str
     description: str
+    missing: tuple[str, ...] = ()
+    install: str = ""
+
+    @property
+    def status(self) -> str:
+        """``ready``, or ``missing extra`` (see :attr:`install`)."""
+        return "missing extra" if self.missing else "ready"
 
 
 @functools.cache
@@ -60,11 +73,14 @@ def _sinks() -> dict[str, tuple[SinkPlugin[Any, Any, Any], str, str]]:
 
 
 def list_sinks() -> list[SinkInfo]:
-    """Every installed sink with the package and version that provide it."""
-    return [
-        SinkInfo(name, pkg, ver, sink.description)
-        for name, (sink, pkg, ver) in sorted(_sinks().items())
-    ]
+    """Every installed sink with the package and version that provide it, and its status."""
+    out = []
+    for name, (sink, pkg, ver) in sorted(_sinks().items()):
+        missing = sink.missing_requirements()
+        targets = " ".join(f"'{t}'" for t in dict.fromkeys(missing.values()))
+        install = f"pip install {targets}" if missing else ""
+        out.append(SinkInfo(name, pkg, ver, sink.description, tuple(missing), install))
+    return out
 
 
 def get_sink(name: str) -> SinkPlugin[Any, Any, Any]:

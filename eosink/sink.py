@@ -19,14 +19,18 @@ A plugin never touches the meta store.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
 from pydantic import BaseModel
+
+from .errors import ConfigError, MissingExtraError
 
 __all__ = [
     "Codec",
@@ -37,6 +41,7 @@ __all__ = [
     "StagedEpochs",
     "TargetMarker",
     "WriterContext",
+    "describe_option_errors",
 ]
 
 T = TypeVar("T")
@@ -76,9 +81,15 @@ class JsonCodec(Generic[T]):
     version: int = 1
 
     def encode(self, value: T) -> bytes:
+        """Compact JSON with sorted keys (the same value always gives the same bytes)."""
         return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
     def decode(self, data: bytes, version: int) -> T:
+        """Parse JSON written at any version up to :attr:`version`.
+
+        Raises:
+            ValueError: ``version`` is newer than this codec (written by a newer release).
+        """
         if version > self.version:
             raise ValueError(
                 f"cannot decode version {version}: this codec reads up to {self.version}"
@@ -260,6 +271,16 @@ class SinkPlugin(Generic[OptionsT, R, C]):
         validate_schema: raises :class:`~eosink.errors.SchemaMismatchError` naming the column
             when the sink cannot write a DataFrame of this Arrow schema.
         description: one line for ``eosink plugins``.
+        requires: the readiness declaration: Python modules the sink needs at run time, each
+            with what to ``pip install`` to get it, usually an extra of the package that
+            provides the sink: ``{"pyiceberg": "eosink[iceberg]"}``,
+            ``{"boto3": "my-sink[s3]"}``. Checked without importing anything (so listing
+            stays cheap): ``eosink plugins`` shows a sink whose module is missing as
+            ``missing extra`` with the ``pip install`` that fixes it, and running it raises
+            :class:`~eosink.errors.MissingExtraError` (a ``ConfigError``) with the same
+            command before any Spark job (:meth:`check_ready`). Import such modules inside
+            the factories, never at the top of the plugin module: a sink whose module
+            cannot be imported cannot be listed either.
     """
 
     name: str
@@ -271,22 +292,161 @@ class SinkPlugin(Generic[OptionsT, R, C]):
     default_sink_id: Callable[[OptionsT], str]
     validate_schema: Callable[[OptionsT, pa.Schema], None] | None = None
     description: str = ""
+    requires: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def missing_requirements(self) -> dict[str, str]:
+        """The declared modules (:attr:`requires`) that cannot be found: module -> install."""
+        return {m: target for m, target in self.requires.items() if not _importable(m)}
+
+    def check_ready(self) -> None:
+        """Raise unless every module the sink declares (:attr:`requires`) is installed.
+
+        Raises:
+            MissingExtraError: a ``ConfigError`` naming the module and the
+                ``pip install '...'`` that installs it.
+        """
+        missing = self.missing_requirements()
+        if not missing:
+            return
+        install = next(iter(missing.values()))  # one pip install at a time
+        modules = ", ".join(m for m, target in missing.items() if target == install)
+        extra = re.fullmatch(r"[^\[\]]+\[([^\]]+)\]", install)
+        raise MissingExtraError(
+            modules,
+            extra.group(1) if extra else install,
+            f"the {self.name} sink",
+            install=install,
+        )
 
     def parse_options(self, options: dict[str, Any]) -> OptionsT:
         """Validate raw options with the options model.
 
         Raises:
-            ConfigError: naming the sink and every invalid field.
+            ConfigError: naming the sink and, for every invalid field, the field, the value
+                given (secrets masked, see :func:`describe_option_errors`) and what is allowed.
         """
         from pydantic import ValidationError
-
-        from .errors import ConfigError
 
         try:
             return self.options_model.model_validate(options)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '(options)'}: {e['msg']}"
-                for e in exc.errors()
-            )
+            problems = describe_option_errors(self.options_model, exc)
             raise ConfigError(f"invalid options for sink {self.name!r}: {problems}") from None
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package; a module without a spec
+        return False
+
+
+# -- option errors ---------------------------------------------------------------------------
+_SECRET_NAME = re.compile(r"secret|passw|pwd|token|credential|key|auth|private", re.I)
+_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")
+_HIDDEN = "*** (hidden)"
+_PREFIXES = ("Value error, ", "Assertion failed, ")
+
+
+def _is_secret_type(annotation: Any) -> bool:
+    from pydantic import SecretBytes, SecretStr
+
+    if annotation in (SecretStr, SecretBytes):
+        return True
+    return any(_is_secret_type(a) for a in getattr(annotation, "__args__", ()) or ())
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for a in getattr(annotation, "__args__", ()) or ():
+        found = _nested_model(a)
+        if found is not None:
+            return found
+    return None
+
+
+def _field_named(model: type[BaseModel], key: str) -> Any:
+    for name, info in model.model_fields.items():
+        if key in (name, info.alias, info.validation_alias):
+            return info
+    return None
+
+
+def _is_secret(model: type[BaseModel], loc: Sequence[Any]) -> bool:
+    """Whether the value at ``loc`` may be a secret: a SecretStr/SecretBytes field, a field
+    declared with ``repr=False``, or a field or key named like a credential."""
+    current: type[BaseModel] | None = model
+    for part in loc:
+        if isinstance(part, str) and _SECRET_NAME.search(part):
+            return True
+        info = _field_named(current, str(part)) if current is not None else None
+        if info is not None:
+            if not info.repr or _is_secret_type(info.annotation):
+                return True
+            current = _nested_model(info.annotation)
+    return False
+
+
+def _mask(value: Any) -> Any:
+    """``value`` with credential-named keys of mappings hidden and URL passwords removed."""
+    if isinstance(value, Mapping):
+        return {
+            k: _HIDDEN if isinstance(k, str) and _SECRET_NAME.search(k) else _mask(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return type(value)(_mask(v) for v in value)
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(r"\1***@", value)
+    return value
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    text = repr(_mask(value))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def describe_option_errors(model: type[BaseModel], exc: Any) -> str:
+    """One line for a pydantic ``ValidationError`` of a sink's options model.
+
+    Per problem: the field, what is wrong or allowed (pydantic's message without its
+    ``Value error,`` boilerplate, or the validator's own message) and the value given,
+    unless the message already shows it. A value that may be a secret (a ``SecretStr`` or
+    ``SecretBytes`` field, a field with ``repr=False``, a field or key named like a password,
+    token, key or credential) is never shown; credential-named keys inside a dict and the
+    password of a URL are masked in any value. Unknown options list the sink's options.
+    """
+    problems: list[str] = []
+    unknown = False
+    for e in exc.errors():
+        loc = tuple(e.get("loc", ()))
+        where = ".".join(str(p) for p in loc)
+        kind = e.get("type", "")
+        msg = str(e.get("ctx", {}).get("error", "")) if kind == "value_error" else ""
+        msg = msg or str(e.get("msg", ""))
+        for prefix in _PREFIXES:
+            msg = msg.removeprefix(prefix)
+        secret = _is_secret(model, loc)
+        value = e.get("input")
+        if secret and isinstance(value, (str, bytes)) and len(value) >= 4:
+            msg = msg.replace(repr(value), _HIDDEN).replace(str(value), _HIDDEN)
+        if kind == "missing":
+            problems.append(f"{where}: required, not given")
+            continue
+        if not loc:  # a model validator: its message says what is wrong
+            problems.append(msg)
+            continue
+        if kind == "extra_forbidden":
+            unknown = True
+            msg = "unknown option"
+        elif msg[:1].isupper() and msg[1:2].islower():
+            msg = msg[0].lower() + msg[1:]
+        shown = _HIDDEN if secret else _shown(value)
+        if secret or shown not in msg:
+            msg = f"{msg} (given: {shown})"
+        problems.append(f"{where}: {msg}")
+    if unknown:
+        known = [info.alias or name for name, info in model.model_fields.items()]
+        problems.append(f"the options are: {', '.join(known)}")
+    return "; ".join(problems)

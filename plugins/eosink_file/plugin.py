@@ -535,6 +535,7 @@ SINK: SinkPlugin[FileSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     default_sink_id=lambda o: f"file:{o.path}",
     validate_schema=validate_schema,
     description="Parquet / JSON lines / CSV files on the local filesystem, Hive partitions",
+    requires={},  # pyarrow only, a core dependency (s3:// paths are not supported yet)
 )
 
 

@@ -1062,6 +1062,8 @@ SINK: SinkPlugin[IcebergSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugi
     default_sink_id=lambda o: f"iceberg:{o.catalog_name}.{o.table}",
     validate_schema=validate_schema,
     description="Apache Iceberg tables through pyiceberg (any catalog; local or S3 warehouse)",
+    # pyiceberg is imported inside the factories only: without it the sink is still listed.
+    requires={"pyiceberg": "eosink[iceberg]"},
 )
 
 
