@@ -101,7 +101,7 @@ def test_path_under_a_read_only_directory(spark: Any, tmp_path: Path) -> None:
         err = _fails_before_anything(spark, tmp_path, path=str(target))
     finally:
         ro.chmod(0o700)
-    assert f"path: Value error, {str(target)!r} cannot be created: {cause}" in str(err)
+    assert f"path: {str(target)!r} cannot be created: {cause}" in str(err)
     assert not (ro / "sub").exists()
 
 
@@ -252,3 +252,109 @@ def test_db_upgrade_creates_a_store_that_status_reads(
     assert rc == 0 and "schema (empty) -> " in out
     rc, out = _cli(capsys, "status", "--metastore-url", url)
     assert rc == 0 and "no sinks recorded yet" in out
+
+
+# --- option errors: field, value given (secrets never), what is allowed; no pydantic text ---
+_PYDANTIC_BOILERPLATE = ("Value error,", "errors.pydantic.dev", "For further information")
+
+
+def _option_error(sink: Any, options: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as exc:
+        sink.parse_options(options)
+    text = str(exc.value)
+    for boilerplate in _PYDANTIC_BOILERPLATE:
+        assert boilerplate not in text, text
+    return text
+
+
+def test_option_errors_say_field_value_and_what_is_allowed(tmp_path: Path) -> None:
+    sink = eosink.get_sink("file")
+    path = str(tmp_path / "out")
+    assert _option_error(sink, {"path": path, "format": "xml"}) == (
+        "invalid options for sink 'file': "
+        "format: input should be 'parquet', 'json' or 'csv' (given: 'xml')"
+    )
+    text = _option_error(sink, {"path": path, "fsync": "maybe", "colour": "red"})
+    assert "fsync: input should be a valid boolean" in text and "(given: 'maybe')" in text
+    assert "colour: unknown option (given: 'red')" in text
+    assert "the options are: path, format, partition_by, compression, fsync" in text
+    assert _option_error(sink, {"format": "json"}) == (
+        "invalid options for sink 'file': path: required, not given"
+    )
+    # A validator's own message already shows the value: it is not repeated.
+    text = _option_error(sink, {"path": path, "compression": "zzz"})
+    assert text.count("'zzz'") == 1 and "compression: 'zzz' is not a Parquet codec" in text
+    # A model validator (no single field) keeps its message.
+    text = _option_error(sink, {"path": path, "format": "csv", "compression": "gzip"})
+    assert text.endswith(
+        ": compression='gzip' applies to format='parquet' only; "
+        "format='csv' files are written uncompressed (drop compression)"
+    )
+
+
+def test_option_errors_never_show_secrets() -> None:
+    from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+    from eosink import JsonCodec, SinkPlugin
+
+    class Auth(BaseModel):
+        user: str
+        pin: SecretStr = Field(min_length=6)
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        url: str = Field(pattern=r"^https://")
+        token: SecretStr = Field(min_length=20)
+        password: int = 0
+        conn: dict[str, str] = Field(default_factory=dict, repr=False)
+        props: dict[str, int] = Field(default_factory=dict)
+        auth: Auth | None = None
+
+    sink: SinkPlugin[Any, Any, Any] = SinkPlugin(
+        name="secretive",
+        options_model=Options,
+        writer_factory=lambda o, c: None,  # type: ignore[arg-type,return-value]
+        coordinator_factory=lambda o, s: None,  # type: ignore[arg-type,return-value]
+        write_result_codec=JsonCodec(),
+        committable_codec=JsonCodec(),
+        default_sink_id=lambda o: "x",
+    )
+    text = _option_error(
+        sink,
+        {
+            "url": "ftp://alice:hunter2-url@host/x",  # a URL with a password: masked
+            "token": "tok-hunter2",  # SecretStr
+            "password": "hunter2-pw",  # named like a credential
+            "conn": "s3.secret=hunter2-conn",  # repr=False: the whole value is hidden
+            "props": {"api_key": "hunter2-key", "n": "x"},  # credential-named key
+            "auth": {"user": "bob", "pin": "hunter2"[:5]},  # a nested SecretStr
+            "private_key": "hunter2-extra",  # an unknown option named like a credential
+        },
+    )
+    assert "hunter" not in text, text
+    for field in (
+        "url:",
+        "token:",
+        "password:",
+        "conn:",
+        "props.api_key:",
+        "props.n:",
+        "auth.pin:",
+        "private_key: unknown option",
+    ):
+        assert field in text, (field, text)
+    assert "ftp://alice:***@host/x" in text  # the rest of a URL is shown
+    assert "props.n: input should be a valid integer" in text and "(given: 'x')" in text
+    assert "token: value should have at least 20 items" in text
+    assert text.count("(given: *** (hidden))") == 6  # token password conn api_key pin extra
+
+
+def test_iceberg_catalog_secrets_never_shown() -> None:
+    sink = eosink.get_sink("iceberg")
+    text = _option_error(
+        sink, {"table": "db.t", "catalog": {"uri": "sqlite://", "s3.secret-access-key": 7}}
+    )
+    assert "catalog.s3.secret-access-key: input should be a valid string" in text
+    assert "(given: *** (hidden))" in text
+    text = _option_error(sink, {"table": "db.t", "catalog": "s3.secret-access-key=hunter2"})
+    assert "hunter2" not in text and "catalog:" in text
