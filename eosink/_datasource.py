@@ -9,13 +9,33 @@ complete data and are committed; a replayed committed epoch's output is discarde
 
 Options (strings, as Spark passes them): ``sink`` (required), ``sink_id``, ``metastore_url``,
 ``epoch`` (batch), ``new_checkpoint`` (streaming), ``checkpointLocation`` (streaming) and the
-sink's own options. List values are written ``a,b`` or as JSON (``["a","b"]``).
+sink's own options. List values are written ``a,b`` or as JSON (``["a","b"]``). Spark
+lowercases option keys; each key is given back the spelling the sink's options model declares
+(``maxbytes`` -> ``maxBytes``), and a key that matches two declared options is an error.
+
+Errors. Spark calls a Python data source in worker processes and reports what it raises as an
+``AnalysisException`` (``[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source
+writer: Traceback ...``), for a stream wrapped once more in the ``StreamingQueryException`` of
+the first micro-batch; the driver's Python never runs eosink code before that (``save()`` and
+``start()`` are pyspark's), so options cannot be validated there first, and no Spark setting
+removes the wrapping (``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` only
+drops pyspark's frames, ``...hideTraceback.enabled`` the traceback, never the prefix).
+:func:`register` therefore converts on the driver instead: it wraps pyspark's
+``convert_exception`` (the function through which every JVM exception becomes a Python one),
+and when a Spark error is a ``PYTHON_DATA_SOURCE_ERROR`` whose Python traceback ends with an
+eosink error (``eosink.errors.ConfigError: invalid options ...``), directly or as the cause of
+a ``StreamingQueryException``, the user gets that eosink error itself: same class, same
+message, the worker's frames as its traceback and Spark's context as a note. Everything else
+passes unchanged, and should pyspark's internals change the wrapper steps aside (the Spark
+exception, which still contains the eosink message, is raised as before).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +49,12 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from . import errors
 from ._checkpoint import CheckpointDir
 from ._metastore import BATCH, PENDING, MetaStore, default_url
 from ._protocol import FINISH, SKIP, SinkRuntime
 from ._spark import run_writer
-from .errors import ConfigError
+from .errors import ConfigError, EosinkError
 from .registry import get_sink
 from .sink import SinkPlugin
 
@@ -76,16 +97,49 @@ class _Setup:
     metastore_url: str
 
 
+def _declared_keys(plugin: SinkPlugin[Any, Any, Any], opts: dict[str, Any]) -> dict[str, Any]:
+    """``opts`` (keys lowercased by Spark) with each key spelled as the sink declares it.
+
+    A key matches a field of the options model whose name or alias is the same but for case;
+    it becomes the field's alias if it has one, else its name. Keys that match no field are
+    kept (the options model reports them as unknown).
+
+    Raises:
+        ConfigError: a key matches two declared options (``maxBytes`` and ``maxbytes``).
+    """
+    fields: dict[str, dict[str, str]] = {}  # lowercased spelling -> {field name: spelling}
+    for name, info in plugin.options_model.model_fields.items():
+        aliases = [a for a in (info.alias, info.validation_alias) if isinstance(a, str)]
+        choices = getattr(info.validation_alias, "choices", None) or []
+        aliases += [c for c in choices if isinstance(c, str)]
+        spelling = aliases[0] if aliases else name
+        for accepted in (name, *aliases):
+            fields.setdefault(accepted.lower(), {})[name] = spelling
+    out: dict[str, Any] = {}
+    for key, value in opts.items():
+        found = fields.get(key.lower(), {})
+        if len(found) > 1:
+            names = ", ".join(repr(n) for n in sorted(found))
+            raise ConfigError(
+                f"option {key!r} of sink {plugin.name!r} is ambiguous: Spark lowercases "
+                f'option keys, and it matches the options {names}. format("eosink") '
+                "cannot tell them apart; use eosink.run() for this sink"
+            )
+        out[next(iter(found.values())) if found else key] = value
+    return out
+
+
 def _setup(raw: dict[str, str], checkpoint: str | None) -> _Setup:
     opts = {k.lower(): v for k, v in raw.items()}
     name = opts.get("sink")
     if not name:
         raise ConfigError('format("eosink") needs .option("sink", "<name>")')
     plugin = get_sink(name)
+    plugin.check_ready()
     sink_opts = {k: _value(v) for k, v in opts.items() if k not in _CORE_KEYS}
     if "path" in opts:
         sink_opts["path"] = opts["path"]
-    options = plugin.parse_options(sink_opts)
+    options = plugin.parse_options(_declared_keys(plugin, sink_opts))
     return _Setup(
         plugin,
         options,
@@ -264,5 +318,118 @@ class EosinkDataSource(DataSource):
 
 
 def register(spark: Any) -> None:
-    """Register ``format("eosink")`` with a SparkSession (``eosink.spark_session`` does it)."""
+    """Register ``format("eosink")`` with a SparkSession (``eosink.spark_session`` does it).
+
+    Also makes the errors of ``format("eosink")`` come out as eosink's own errors on this
+    driver (see the module's docstring).
+    """
     spark.dataSource.register(EosinkDataSource)
+    _install_error_conversion()
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_ERROR_LINE = re.compile(r"([A-Za-z_][\w.]*)\.([A-Za-z_]\w*)(?:: |$)")
+
+
+def _eosink_error_in(text: str) -> EosinkError | None:
+    """The eosink error that a Python traceback as Spark reports it ends with, rebuilt.
+
+    ``text`` is a formatted traceback (or, with tracebacks hidden, the exception line alone).
+    Its last exception is rebuilt when its class is an :class:`EosinkError` of
+    ``eosink.errors`` (or of a module this process has imported); else None.
+    """
+    start = text.rfind(_TRACEBACK)
+    lines = (text[start:] if start >= 0 else text).splitlines()
+    i = 1 if start >= 0 else 0
+    while i < len(lines) and (not lines[i].strip() or lines[i][0].isspace()):
+        i += 1  # the frames: indented
+    if i >= len(lines):
+        return None
+    m = _ERROR_LINE.match(lines[i])
+    module = sys.modules.get(m.group(1)) if m else None
+    cls = getattr(module, m.group(2), None) if m else None
+    if m is None or not (isinstance(cls, type) and issubclass(cls, EosinkError)):
+        return None
+    message = "\n".join([lines[i][m.end() :], *lines[i + 1 :]]).rstrip()
+    err = errors._rebuild(cls, (message,), {})
+    for name, value in _attributes(cls, message).items():
+        setattr(err, name, value)
+    if start >= 0:
+        try:  # the worker's frames as the traceback, as pyspark does for its own exceptions
+            from pyspark.errors.exceptions.tblib import Traceback
+
+            err = err.with_traceback(Traceback.from_string(text[start:]).as_traceback())
+        except Exception:  # a nicety only
+            pass
+    return err
+
+
+def _attributes(cls: type[EosinkError], message: str) -> dict[str, Any]:
+    """The attributes of the errors that have some, recovered from their message."""
+    if issubclass(cls, errors.MissingExtraError):
+        m = re.search(r"module '([^']+)'.*pip install '(([^'\[]+)(?:\[([^\]]+)\])?)'", message)
+        if m:
+            return {
+                "name": m.group(1),
+                "extra": m.group(4) or m.group(2),
+                "install": m.group(2),
+                "pip": f"pip install '{m.group(2)}'",
+            }
+    if issubclass(cls, errors.UnknownSinkError):
+        m = re.match(r"unknown sink '([^']*)'; installed sinks: (.*?)\. Run", message)
+        if m:
+            known = [] if m.group(2) == "(none)" else m.group(2).split(", ")
+            return {"name": m.group(1), "known": known}
+    return {}
+
+
+def _eosink_error_of(exc: Any) -> EosinkError | None:
+    """The eosink error a converted Spark exception carries, with Spark's context as a note.
+
+    A ``PYTHON_DATA_SOURCE_ERROR`` whose traceback ends with an eosink error, or a
+    ``STREAM_FAILED`` caused by one (pyspark converts the cause first, through the same
+    wrapper, so the cause is already the eosink error); anything else: None.
+    """
+    if isinstance(exc, EosinkError):
+        return exc
+    condition = exc.getCondition() if hasattr(exc, "getCondition") else None
+    if condition not in ("PYTHON_DATA_SOURCE_ERROR", "STREAM_FAILED"):
+        return None
+    params = exc.getMessageParameters() or {}
+    if condition == "STREAM_FAILED":
+        cause = getattr(exc, "_cause", None)
+        err = _eosink_error_of(cause) if cause is not None else None
+        where = f"the streaming query id={params.get('id')} runId={params.get('runId')} stopped"
+    else:
+        err = _eosink_error_in(str(params.get("msg", "")))
+        where = f'raised in Spark by format("eosink"), {params.get("action")} {params.get("type")}'
+    if err is not None:
+        _note(err, f"({where}: {condition})")
+    return err
+
+
+def _note(err: BaseException, note: str) -> None:
+    add_note = getattr(err, "add_note", None)  # Python 3.11+
+    if add_note is not None and note not in getattr(err, "__notes__", ()):
+        add_note(note)
+
+
+def _install_error_conversion() -> None:
+    """Wrap pyspark's ``convert_exception`` once per process (see the module's docstring)."""
+    try:
+        from pyspark.errors.exceptions import captured
+    except ImportError:  # pragma: no cover - pyspark without the classic exception module
+        return
+    original = getattr(captured, "convert_exception", None)
+    if original is None or getattr(original, "__eosink__", False):
+        return
+
+    def convert_exception(e: Any) -> Any:
+        converted = original(e)
+        try:
+            return _eosink_error_of(converted) or converted
+        except Exception:  # never make an error worse
+            return converted
+
+    convert_exception.__eosink__ = True  # type: ignore[attr-defined]
+    captured.convert_exception = convert_exception

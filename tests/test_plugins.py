@@ -232,3 +232,121 @@ def test_partition_values_cannot_escape_path(tmp_path: Path) -> None:
     got = {r["n"]: r["k"] for r in table.to_pylist()}
     for n, v in enumerate(values):
         assert got[n] == (v or None), (n, v, got[n])
+
+
+# --- readiness: a sink's missing extra, listed and refused before Spark ----------------------
+def _without(module: str, code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (with ``args``) in a fresh interpreter where ``module`` cannot be imported."""
+    return subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.modules[{module!r}] = None\n{code}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_testing_without_pytest_names_the_extra() -> None:
+    res = _without("pytest", "import eosink.testing")
+    assert res.returncode == 1
+    last = res.stderr.strip().splitlines()[-1]
+    assert last == (
+        "eosink.errors.MissingExtraError: Python module 'pytest' is not installed (needed for "
+        "eosink.testing, the conformance suite for sink plugins). Install it with: "
+        "pip install 'eosink[testing]'"
+    )
+
+
+def test_plugins_cli_shows_a_missing_extra() -> None:
+    run_cli = "from eosink._cli import main; sys.exit(main(sys.argv[1:]))"
+    res = _without("pyiceberg", run_cli, "plugins")
+    assert res.returncode == 0, res.stderr
+    assert re.search(
+        r"^iceberg\s+eosink\s+0\.1\.0\s+missing extra\s+Apache Iceberg", res.stdout, re.M
+    )
+    assert re.search(r"^file\s+eosink\s+0\.1\.0\s+ready\s", res.stdout, re.M)
+    assert (
+        "iceberg: pyiceberg is not installed; to use the sink: pip install 'eosink[iceberg]'"
+        in res.stdout.splitlines()
+    )
+    res = _without("pyiceberg", run_cli, "plugins", "--json")
+    assert res.returncode == 0, res.stderr
+    listed = {s["name"]: s for s in json.loads(res.stdout)}
+    assert listed["iceberg"]["status"] == "missing extra"
+    assert listed["iceberg"]["missing_modules"] == ["pyiceberg"]
+    assert listed["iceberg"]["install"] == "pip install 'eosink[iceberg]'"
+    assert listed["file"]["status"] == "ready" and listed["file"]["install"] is None
+    # With the extra installed, every sink here is ready.
+    res = _without("no_such_module_eosink", run_cli, "plugins", "--json")
+    assert {s["status"] for s in json.loads(res.stdout)} == {"ready"}
+
+
+def test_a_missing_extra_fails_before_spark_is_touched() -> None:
+    """eosink.run and format("eosink")'s setup refuse the sink with the pip hint, as a
+    ConfigError, before any Spark call: the DataFrame passed is not even a DataFrame."""
+    res = _without(
+        "pyiceberg",
+        "import eosink\n"
+        "from eosink._datasource import _setup\n"
+        "from pyspark import SparkContext\n"
+        "for attempt in (lambda: eosink.run(object(), sink='iceberg', table='db.t'),\n"
+        "                lambda: _setup({'sink': 'iceberg', 'table': 'db.t'}, None)):\n"
+        "    try:\n"
+        "        attempt()\n"
+        "    except eosink.ConfigError as e:\n"
+        "        assert isinstance(e, eosink.MissingExtraError) and isinstance(e, ImportError)\n"
+        "        print(type(e).__name__, e.install, '|', e)\n"
+        "assert SparkContext._active_spark_context is None\n",
+    )
+    assert res.returncode == 0, res.stderr
+    line = (
+        "MissingExtraError eosink[iceberg] | Python module 'pyiceberg' is not installed "
+        "(needed for the iceberg sink). Install it with: pip install 'eosink[iceberg]'"
+    )
+    assert res.stdout.splitlines() == [line, line]
+
+
+def test_a_third_party_sink_declares_its_requirements() -> None:
+    import pickle
+
+    from eosink import MissingExtraError
+    from eosink.registry import plugin_manager
+
+    base = get_sink("jsonl_dir")
+    needy = eosink.SinkPlugin(
+        name="needy",
+        options_model=base.options_model,
+        writer_factory=base.writer_factory,
+        coordinator_factory=base.coordinator_factory,
+        write_result_codec=base.write_result_codec,
+        committable_codec=base.committable_codec,
+        default_sink_id=base.default_sink_id,
+        description="needs a module that is not installed",
+        requires={"json": "needy-sink", "no_such_module_eosink": "needy-sink[fast]"},
+    )
+
+    class Provider:
+        @eosink.hookimpl
+        def eosink_sinks(self) -> list[Any]:
+            return [needy]
+
+    pm = plugin_manager()
+    provider = Provider()
+    pm.register(provider, name="needy-provider")
+    try:
+        info = {s.name: s for s in list_sinks()}["needy"]
+        with pytest.raises(ConfigError) as exc:
+            get_sink("needy").check_ready()
+    finally:
+        pm.unregister(provider)
+    assert info.status == "missing extra"
+    assert info.missing == ("no_such_module_eosink",)
+    assert info.install == "pip install 'needy-sink[fast]'"
+    err = exc.value
+    assert isinstance(err, MissingExtraError)
+    assert str(err) == (
+        "Python module 'no_such_module_eosink' is not installed (needed for the needy sink). "
+        "Install it with: pip install 'needy-sink[fast]'"
+    )
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.extra, again.install, again.pip) == ("fast", "needy-sink[fast]", err.pip)
+    get_sink("file").check_ready()  # nothing declared: ready

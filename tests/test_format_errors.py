@@ -1,0 +1,181 @@
+"""format("eosink"): option keys back in the sink's spelling, eosink's errors seen as such."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+import eosink
+from eosink import ConfigError, MissingExtraError, SinkIdentityError, UnknownSinkError
+from eosink._datasource import _eosink_error_in, _setup
+
+
+class _CapsOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    maxBytes: int = 0
+    row_group: int = Field(default=0, alias="rowGroupSize")
+    flushMs: int = Field(default=0, validation_alias=AliasChoices("flushMs", "flush_ms"))
+
+
+class _AmbiguousOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str
+    maxBytes: int = 0
+    maxbytes: int = 0
+
+
+@pytest.fixture
+def caps_sinks() -> Iterator[None]:
+    """Two sinks with capitalized option names, registered in this process."""
+    from eosink.registry import plugin_manager
+
+    base = eosink.get_sink("jsonl_dir")
+
+    def sink(name: str, model: type[BaseModel]) -> eosink.SinkPlugin[Any, Any, Any]:
+        return eosink.SinkPlugin(
+            name=name,
+            options_model=model,
+            writer_factory=base.writer_factory,
+            coordinator_factory=base.coordinator_factory,
+            write_result_codec=base.write_result_codec,
+            committable_codec=base.committable_codec,
+            default_sink_id=lambda o: f"{name}:{o.path}",
+        )
+
+    class Provider:
+        @eosink.hookimpl
+        def eosink_sinks(self) -> list[Any]:
+            return [sink("caps", _CapsOptions), sink("ambiguous", _AmbiguousOptions)]
+
+    provider = Provider()
+    plugin_manager().register(provider, name="caps-provider")
+    yield
+    plugin_manager().unregister(provider)
+
+
+def test_lowercased_keys_reach_the_declared_fields(caps_sinks: None, tmp_path: Path) -> None:
+    # Spark hands the data source every key lowercased.
+    raw = {"sink": "caps", "path": str(tmp_path), "maxbytes": "10", "rowgroupsize": "3"}
+    s = _setup({**raw, "flush_ms": "7"}, None)
+    assert (s.options.maxBytes, s.options.row_group, s.options.flushMs) == (10, 3, 7)
+    assert _setup({**raw, "flushms": "8"}, None).options.flushMs == 8
+    with pytest.raises(ConfigError) as exc:
+        _setup({**raw, "maxbites": "1"}, None)
+    assert "maxbites: unknown option (given: '1')" in str(exc.value)
+    assert "the options are: path, maxBytes, rowGroupSize, flushMs" in str(exc.value)
+
+
+def test_a_key_matching_two_options_is_an_error(caps_sinks: None, tmp_path: Path) -> None:
+    assert _setup({"sink": "ambiguous", "path": str(tmp_path)}, None).options.maxBytes == 0
+    with pytest.raises(ConfigError) as exc:
+        _setup({"sink": "ambiguous", "path": str(tmp_path), "maxbytes": "1"}, None)
+    assert str(exc.value) == (
+        "option 'maxbytes' of sink 'ambiguous' is ambiguous: Spark lowercases option keys, "
+        "and it matches the options 'maxBytes', 'maxbytes'. format(\"eosink\") cannot tell "
+        "them apart; use eosink.run() for this sink"
+    )
+
+
+_FRAME = '  File "/x/eosink/_datasource.py", line 1, in writer\n    s = _setup(opts)\n'
+
+
+def test_the_eosink_error_at_the_end_of_a_worker_traceback() -> None:
+    chained = (
+        f"Traceback (most recent call last):\n{_FRAME}KeyError: 'x'\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        f"Traceback (most recent call last):\n{_FRAME}"
+        "eosink.errors.SinkIdentityError: sink_id 'a' writes 'b'\nsecond line\n"
+    )
+    err = _eosink_error_in(chained)
+    assert type(err) is SinkIdentityError and str(err) == "sink_id 'a' writes 'b'\nsecond line"
+    hidden = "eosink.errors.UnknownSinkError: unknown sink 'x'; installed sinks: a, b. Run ..."
+    err = _eosink_error_in(hidden)  # spark.sql.execution.pyspark.udf.hideTraceback.enabled
+    assert isinstance(err, UnknownSinkError) and (err.name, err.known) == ("x", ["a", "b"])
+    missing = str(MissingExtraError("pyiceberg", "iceberg", "the iceberg sink"))
+    err = _eosink_error_in(
+        f"Traceback (most recent call last):\n{_FRAME}eosink.errors.MissingExtraError: {missing}\n"
+    )
+    assert isinstance(err, MissingExtraError) and isinstance(err, ConfigError)
+    assert (err.name, err.extra, err.pip) == (
+        "pyiceberg",
+        "iceberg",
+        "pip install 'eosink[iceberg]'",
+    )
+    for other in (
+        f"Traceback (most recent call last):\n{_FRAME}ValueError: eosink.errors.ConfigError: x\n",
+        f"Traceback (most recent call last):\n{_FRAME}builtins.ConfigError: no\n",
+        f"Traceback (most recent call last):\n{_FRAME}os.path: not an exception\n",
+        "",
+    ):
+        assert _eosink_error_in(other) is None
+
+
+def _seen(err: BaseException) -> str:
+    """The text Python shows for ``err`` under its traceback (and ``str`` of it)."""
+    return "".join(traceback.format_exception_only(type(err), err))
+
+
+_BAD = (
+    "eosink.errors.ConfigError: invalid options for sink 'file': compression: 'zzz' is not "
+    "a Parquet codec that pyarrow can write here; use one of: "
+)
+
+
+def test_batch_write_raises_the_eosink_error(spark: Any, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        (
+            spark.range(3)
+            .write.format("eosink")
+            .option("sink", "file")
+            .option("Compression", "zzz")
+            .option("metastore_url", f"sqlite:///{tmp_path / 'm.db'}")
+            .mode("append")
+            .save(str(tmp_path / "out"))
+        )
+    assert _seen(exc.value).startswith(_BAD), _seen(exc.value)
+    note = '(raised in Spark by format("eosink"), initialize writer: PYTHON_DATA_SOURCE_ERROR)'
+    if sys.version_info >= (3, 11):  # exception notes
+        assert _seen(exc.value).splitlines()[-1] == note
+    assert not (tmp_path / "m.db").exists() and not (tmp_path / "out").exists()
+
+
+def test_stream_raises_the_eosink_error(spark: Any, tmp_path: Path) -> None:
+    query = (
+        spark.readStream.format("rate")
+        .option("rowsPerSecond", 1)
+        .load()
+        .writeStream.format("eosink")
+        .option("sink", "file")
+        .option("path", str(tmp_path / "out"))
+        .option("compression", "zzz")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .option("metastore_url", f"sqlite:///{tmp_path / 'm.db'}")
+        .start()
+    )
+    try:
+        with pytest.raises(ConfigError) as exc:
+            query.awaitTermination(300)
+    finally:
+        query.stop()
+    assert _seen(exc.value).startswith(_BAD), _seen(exc.value)
+    if sys.version_info >= (3, 11):  # exception notes
+        assert _seen(exc.value).splitlines()[-1] == (
+            f"(the streaming query id={query.id} runId={query.runId} stopped: STREAM_FAILED)"
+        )
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_other_spark_errors_pass_unchanged(spark: Any) -> None:
+    from pyspark.errors import AnalysisException
+
+    with pytest.raises(AnalysisException) as exc:
+        spark.sql("select * from no_such_table_eosink").collect()
+    assert not isinstance(exc.value, eosink.EosinkError)
+    assert str(exc.value).startswith("[TABLE_OR_VIEW_NOT_FOUND]")
