@@ -44,6 +44,15 @@ def _read_ids(sink: str, out: Path, name: str) -> tuple[list[int], list[str]]:
     return sorted(t.column("id").to_pylist()), staged
 
 
+def _spark_log_level(spark: Any) -> str:
+    """The root level of Spark's log4j, as the JVM has it (``?`` if it cannot be read)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        return str(jvm.org.apache.logging.log4j.LogManager.getRootLogger().getLevel())
+    except Exception:
+        return "?"
+
+
 def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -74,7 +83,11 @@ def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
     t0 = time.time()
     spark = spark_session(app_name="eosink-demo")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    _say(f"Spark {spark.version} started in {time.time() - t0:.1f}s ({spark.sparkContext.master})")
+    _say(
+        f"Spark {spark.version} started in {time.time() - t0:.1f}s ({spark.sparkContext.master}); "
+        f"Spark's own log level {_spark_log_level(spark)} (EOSINK_SPARK_LOG_LEVEL=WARN or INFO "
+        "shows more)"
+    )
 
     # 1. Batch: an explicit epoch makes the job idempotent.
     df = spark.read.parquet(str(inp))
