@@ -54,6 +54,7 @@ class EpochFigures:
         return max(0.0, self.committed_at - self.batch_end_at) if self.committed_at else 0.0
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field, plus ``visibility_lag_s``: what the ``eosink_epoch_committed`` hook gets."""
         d = asdict(self)
         d["visibility_lag_s"] = self.visibility_lag_s
         return d
@@ -364,17 +365,19 @@ class SinkRuntime:
     def recover(self, first_epoch: int, keep_staged: frozenset[int] = frozenset()) -> None:
         """Apply the recovery rule before epoch ``first_epoch`` is pre-committed.
 
-        PENDING epochs of this run's lineage below ``first_epoch`` are checkpointed: commit
+        PENDING epochs of this stream's lineage below ``first_epoch`` are checkpointed: commit
         them. Those at or above it will be written again: abort them. PENDING epochs of other
         runs (a crashed batch job, another checkpoint) hold complete data: commit them (a
-        replay of theirs is then skipped). Then finish every ABORTED epoch and discard data
+        replay of theirs is then skipped). A batch run has no lineage of its own: every
+        PENDING batch epoch is a crashed run's complete one, whatever epoch this run writes
+        (a backfill below it must not abort it). Then finish every ABORTED epoch and discard data
         staged for epochs that have no committable (except ``keep_staged``: epochs being
         written right now).
         """
         t0 = time.perf_counter()
         pending = self.store.epochs(self.sink_id, (PENDING,))
         for rec in pending:
-            own = rec.origin in (None, self.lineage)
+            own = self.lineage != BATCH and rec.origin in (None, self.lineage)
             if rec.epoch < first_epoch or not own:
                 log.info(
                     "sink %s: recovery commits %s epoch %d",

@@ -64,6 +64,26 @@ def test_lower_explicit_batch_epoch_is_a_backfill(spark, tmp_path: Path, home: P
     assert isinstance(r, BatchResult) and r.epoch == 6
 
 
+def test_backfill_commits_a_crashed_batch_runs_complete_epoch(
+    spark, tmp_path: Path, home: Path
+) -> None:
+    """A batch run dies with epoch 10 PENDING (its data complete); a backfill at epoch 3
+    commits epoch 10 (it never aborts it) and writes epoch 3; re-running epoch 10 skips."""
+    from eosink.faults import SimulatedCrash, simulate
+
+    out = str(tmp_path / "out")
+    with simulate("after_persist") as fired, pytest.raises(SimulatedCrash):
+        eosink.run(spark.range(0, 10), sink="file", path=out, epoch=10)
+    assert fired[0] == 1
+    r3 = eosink.run(spark.range(100, 110), sink="file", path=out, epoch=3)
+    assert isinstance(r3, BatchResult) and not r3.skipped and r3.rows == 10
+    assert read_ids(Path(out)) == list(range(10)) + list(range(100, 110))
+    again = eosink.run(spark.range(0, 10), sink="file", path=out, epoch=10)
+    assert isinstance(again, BatchResult) and again.skipped
+    assert read_ids(Path(out)) == list(range(10)) + list(range(100, 110))
+    assert staged_files(Path(out)) == []
+
+
 def test_fresh_checkpoint_is_refused_even_when_the_meta_store_is_lost(
     spark, tmp_path: Path, home: Path
 ) -> None:
