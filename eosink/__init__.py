@@ -44,6 +44,7 @@ from .sink import (
 )
 
 __version__ = "0.1.0"
+"""The version of this eosink release."""
 
 __all__ = [
     "BatchResult",

@@ -57,7 +57,9 @@ DRIVER_FAULT_POINTS = (
     "recovery_before_finish_abort",
     "after_lineage_written",
 )
+"""The driver's fault points, in protocol order (see the table above)."""
 EXECUTOR_FAULT_POINTS = ("task_before_finish", "task_after_finish")
+"""The fault points in a task's first attempt, before and after its writer's ``finish_write``."""
 
 
 def _parse(spec: str | None) -> dict[str, int]:

@@ -16,6 +16,7 @@ from .sink import SinkPlugin
 log = logging.getLogger("eosink.registry")
 
 ENTRY_POINT_GROUP = "eosink"
+"""The entry-point group plugin packages register their hook module in."""
 
 __all__ = ["ENTRY_POINT_GROUP", "SinkInfo", "get_sink", "list_sinks", "plugin_manager"]
 

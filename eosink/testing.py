@@ -22,9 +22,10 @@ codecs, N write results -> 1 committable, nothing visible before commit, commit 
 abort (with and without a committable, twice) never raises and leaves nothing behind, a failed
 writer cleans up, a replayed commit after abort publishes nothing, the output of a dead task
 attempt (its result never reached the driver) is never published and is cleaned up, and a
-crash at every fault point of the protocol (simulated in-process with
-:func:`eosink.faults.simulate`, then a new coordinator recovers through the core's
-``SinkRuntime`` on a SQLite meta store) ends with every row exactly once and nothing left.
+crash at each driver fault point of phases 1 and 2 (:data:`CRASH_POINTS`, simulated
+in-process with :func:`eosink.faults.simulate`, then a new coordinator recovers through the
+core's ``SinkRuntime`` on a SQLite meta store) ends with every row exactly once and nothing
+left. Recovery's own fault points and the executors' are left to SIGKILL crash tests.
 Each written epoch gets fresh writer attempt ids, as Spark's task attempts do.
 """
 
@@ -99,9 +100,13 @@ class SinkConformance:
 
     # -- to implement ------------------------------------------------------------------
     def make_options(self, tmp_path: Path) -> dict[str, Any]:
+        """The sink's raw options (as a user passes them) for a fresh target under ``tmp_path``.
+        Required."""
         raise NotImplementedError
 
     def read_rows(self, options: Any) -> list[dict[str, Any]]:
+        """Every row a reader of the target sees, as dicts with the ``id`` column; ``options``
+        are the parsed options. Use an independent reader (not the sink's code). Required."""
         raise NotImplementedError
 
     def leftovers(self, options: Any) -> list[str]:
@@ -113,6 +118,8 @@ class SinkConformance:
         )
 
     def batches(self, start: int, n: int) -> list[pa.RecordBatch]:
+        """The rows one task writes: ids ``start`` to ``start + n - 1`` and a name. Override it
+        for a sink that needs other columns; keep an integer ``id`` column."""
         ids = list(range(start, start + n))
         return [
             pa.record_batch(
@@ -123,6 +130,7 @@ class SinkConformance:
     # -- helpers -----------------------------------------------------------------------
     @pytest.fixture
     def setup(self, tmp_path: Path) -> tuple[SinkPlugin[Any, Any, Any], Any]:
+        """Fixture: the plugin found by :attr:`sink_name` and its parsed options."""
         plugin = get_sink(self.sink_name)
         return plugin, plugin.parse_options(self.make_options(tmp_path))
 
@@ -149,11 +157,15 @@ class SinkConformance:
 
     # -- the contracts -----------------------------------------------------------------
     def test_registered_through_entry_point(self) -> None:
+        """The sink is found through the ``eosink`` entry point: a restarted driver and
+        Spark's Python workers look it up by name, in a new process."""
         from .registry import list_sinks
 
         assert self.sink_name in {s.name for s in list_sinks()}
 
     def test_options_and_factories_pickle(self, setup: Any) -> None:
+        """Options, the ``writer_setup`` value (equal after a round trip) and writers pickle:
+        they are shipped to executors, and a writer never holds driver-side state."""
         plugin, options = setup
         assert pickle.loads(pickle.dumps(options)) == options
         ws = self._coordinator(plugin, options).writer_setup(self.batches(0, 1)[0].schema)
@@ -163,16 +175,22 @@ class SinkConformance:
         pickle.loads(pickle.dumps(writer))
 
     def test_codecs_are_versioned(self, setup: Any) -> None:
+        """Both codecs have an integer version >= 1: a committable persisted by an older
+        release must still be decoded after an upgrade."""
         plugin, _ = setup
         for codec in (plugin.write_result_codec, plugin.committable_codec):
             assert isinstance(codec.version, int) and codec.version >= 1
 
     def test_nothing_visible_before_commit(self, setup: Any) -> None:
+        """Writers and ``pre_commit`` make nothing visible: an epoch that Spark did not
+        checkpoint is aborted and written again, so visible data would be duplicated."""
         plugin, options = setup
         self._epoch(plugin, options, 0, 0)
         assert self._ids(options) == []
 
     def test_n_results_one_committable_commit_once(self, setup: Any) -> None:
+        """The results of three tasks (one empty) become one committable; one commit
+        publishes every row once and leaves nothing staged: an epoch is all or nothing."""
         plugin, options = setup
         coord, committable = self._epoch(plugin, options, 0, 0)
         coord.commit(0, committable)
@@ -180,6 +198,8 @@ class SinkConformance:
         assert self.leftovers(options) == []
 
     def test_commit_is_idempotent(self, setup: Any) -> None:
+        """A second commit, also from a new coordinator, changes nothing: the driver can die
+        between the commit and the COMMITTED mark, and recovery commits again."""
         plugin, options = setup
         coord, committable = self._epoch(plugin, options, 0, 0)
         coord.commit(0, committable)
@@ -189,6 +209,7 @@ class SinkConformance:
         assert self._ids(options) == list(range(10))
 
     def test_epochs_accumulate(self, setup: Any) -> None:
+        """Successive epochs add their rows: each epoch is a separate, additive commit."""
         plugin, options = setup
         for e in range(3):
             coord, committable = self._epoch(plugin, options, e, e * 10)
@@ -196,6 +217,8 @@ class SinkConformance:
         assert self._ids(options) == list(range(30))
 
     def test_abort_discards_and_never_raises(self, setup: Any) -> None:
+        """``abort`` with the committable, twice, then with None: no error, nothing visible,
+        nothing left. Recovery repeats an abort that a crash interrupted."""
         plugin, options = setup
         coord, committable = self._epoch(plugin, options, 0, 0)
         coord.abort(0, committable)
@@ -205,6 +228,8 @@ class SinkConformance:
         assert self.leftovers(options) == []
 
     def test_abort_without_committable_discards_staged(self, setup: Any) -> None:
+        """``abort(e, None)`` deletes what writers staged for ``e`` (data staged before any
+        committable existed is found by epoch only); an epoch never written is fine."""
         plugin, options = setup
         coord = self._coordinator(plugin, options)
         batches = self.batches(0, 3)
@@ -216,6 +241,8 @@ class SinkConformance:
         assert self._ids(options) == []
 
     def test_failed_writer_cleans_up(self, setup: Any) -> None:
+        """``abort_write`` deletes what the writer staged: a failed task attempt leaves
+        nothing behind."""
         plugin, options = setup
         batch = self.batches(0, 3)[0]
         ws = self._coordinator(plugin, options).writer_setup(batch.schema)
@@ -226,6 +253,8 @@ class SinkConformance:
         assert self.leftovers(options) == []
 
     def test_rewrite_after_abort(self, setup: Any) -> None:
+        """An aborted epoch can be written and committed again under the same number: Spark
+        replays a batch it did not checkpoint with the same batch id, hence the same epoch."""
         plugin, options = setup
         coord, committable = self._epoch(plugin, options, 0, 0)
         coord.abort(0, committable)
