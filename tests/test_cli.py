@@ -3,25 +3,48 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from eosink._metastore import MetaStore
+from eosink.errors import ConfigError
 
 
-def _cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "eosink._cli", *args],
         capture_output=True,
         text=True,
         check=check,
         timeout=600,
+        env=env,
     )
 
 
+# What Spark 4 prints at its default level (WARN in pyspark) around a demo run.
+SPARK_CHATTER = re.compile(
+    r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO) "  # Spark's log4j pattern
+    r"|Using Spark's default log4j profile|Setting default log level to"
+    r"|To adjust logging level use sc.setLogLevel",
+    re.M,
+)
+
+
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
-    res = _cli("demo", "--dir", str(tmp_path), "--rows", "3000")
+    env = {k: v for k, v in os.environ.items() if k != "EOSINK_SPARK_LOG_LEVEL"}
+    res = _cli("demo", "--dir", str(tmp_path), "--rows", "3000", env=env)
+    # eosink's progress lines, and none of Spark's start-up and streaming warnings (the
+    # JVM's own "WARNING: Using incubator modules" line is not Spark's and cannot be silenced)
+    assert "[eosink demo] Spark " in res.stdout and "Spark's own log level ERROR" in res.stdout
+    assert SPARK_CHATTER.search(res.stdout + res.stderr) is None, res.stderr
+    assert "resolves to a loopback" not in res.stderr and "NativeCodeLoader" not in res.stderr
     assert "verify batch: 3000 rows read back, exactly once" in res.stdout
     assert "verify stream: 3000 rows read back, exactly once" in res.stdout
     assert "staged files left behind: 0" in res.stdout
@@ -29,6 +52,36 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     status = _cli("status", "--metastore-url", f"sqlite:///{tmp_path / 'metastore.db'}")
     assert "last committed epoch: 2" in status.stdout
     assert "pending: none" in status.stdout
+
+
+def test_spark_log_level_default_env_and_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark's level: ERROR by default, EOSINK_SPARK_LOG_LEVEL, then log_level=; the log4j2
+    file the JVM starts with carries it (a second demo run at WARN would cost ~30-60 s: the
+    WARN lines coming back is checked by hand)."""
+    from eosink._spark import _log4j2_file, _spark_log_level
+
+    monkeypatch.setenv("EOSINK_HOME", str(tmp_path))
+    monkeypatch.delenv("EOSINK_SPARK_LOG_LEVEL", raising=False)
+    assert _spark_log_level(None) == ("ERROR", False)
+    monkeypatch.setenv("EOSINK_SPARK_LOG_LEVEL", "warn")
+    assert _spark_log_level(None) == ("WARN", True)
+    assert _spark_log_level("Info") == ("INFO", True)
+    monkeypatch.setenv("EOSINK_SPARK_LOG_LEVEL", "loud")
+    with pytest.raises(ConfigError, match="EOSINK_SPARK_LOG_LEVEL='loud'"):
+        _spark_log_level(None)
+    with pytest.raises(ConfigError, match="log_level='verbose'"):
+        _spark_log_level("verbose")
+    for level, jetty in (("ERROR", "ERROR"), ("WARN", "WARN"), ("DEBUG", "WARN")):
+        path = _log4j2_file(level)
+        assert path is not None and path.startswith(str(tmp_path))
+        text = Path(path).read_text()
+        assert f"rootLogger.level = {level}\n" in text
+        # the logger Spark reads the pyspark shell's level from: no "Setting default log level"
+        assert f"logger.gateway.level = {level}\n" in text
+        assert f"logger.jetty.level = {jetty}\n" in text
+    assert _log4j2_file("WARN") == path.replace("debug", "warn")  # rewritten only on change
 
 
 def test_status_shows_pending_and_durations(tmp_path: Path) -> None:
