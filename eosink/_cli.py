@@ -27,14 +27,32 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
     sinks = list_sinks()
     if args.json:
-        print(json.dumps([s.__dict__ for s in sinks], indent=2))
+        listed = [
+            {
+                "name": s.name,
+                "package": s.package,
+                "version": s.version,
+                "description": s.description,
+                "status": s.status,
+                "missing_modules": list(s.missing),
+                "install": s.install or None,
+            }
+            for s in sinks
+        ]
+        print(json.dumps(listed, indent=2))
         return 0
     print(
         _table(
-            [[s.name, s.package, s.version, s.description] for s in sinks],
-            ["sink", "package", "version", "description"],
+            [[s.name, s.package, s.version, s.status, s.description] for s in sinks],
+            ["sink", "package", "version", "status", "description"],
         )
     )
+    fixes = [s for s in sinks if s.missing]
+    if fixes:
+        print()
+    for s in fixes:
+        what = ", ".join(s.missing) + (" is" if len(s.missing) == 1 else " are")
+        print(f"{s.name}: {what} not installed; to use the sink: {s.install}")
     return 0
 
 
@@ -254,6 +272,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo(args.sink, args.dir, rows=args.rows, batches=args.batches)
 
 
+def cmd_new_sink(args: argparse.Namespace) -> int:
+    from ._scaffold import new_sink, next_steps
+
+    print(next_steps(new_sink(args.name, args.dir)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="eosink", description="Exactly-once sinks for PySpark.")
     p.add_argument("-v", "--verbose", action="store_true", help="log every state change")
@@ -281,6 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--rows", type=int, default=30000)
     sp.add_argument("--batches", type=int, default=3)
     sp.set_defaults(fn=cmd_demo)
+
+    sp = sub.add_parser(
+        "new-sink", help="write a new sink plugin package: a working SQLite sink and its tests"
+    )
+    sp.add_argument("name", help="the sink's name: lowercase letters, digits, underscores")
+    sp.add_argument("--dir", default=".", help="where eosink-NAME/ is created (default: here)")
+    sp.set_defaults(fn=cmd_new_sink)
 
     args = p.parse_args(argv)
     logging.basicConfig(
