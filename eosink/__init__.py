@@ -27,6 +27,7 @@ from .errors import (
     SchemaOutdatedError,
     SinkError,
     SinkIdentityError,
+    UnfinishedRunError,
     UnknownSinkError,
 )
 from .faults import fault_point
@@ -72,6 +73,7 @@ __all__ = [
     "StagedEpochs",
     "StreamingHandle",
     "TargetMarker",
+    "UnfinishedRunError",
     "UnknownSinkError",
     "WriterContext",
     "__version__",

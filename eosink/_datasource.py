@@ -192,15 +192,17 @@ def _arrow(schema: StructType) -> pa.Schema:
 
 
 class _BatchWriter(DataSourceArrowWriter):
-    def __init__(self, s: _Setup, epoch: int, skip: bool, schema: pa.Schema, setup: Any) -> None:
-        self.setup = setup
+    def __init__(
+        self, s: _Setup, epoch: int, skip: bool, schema: pa.Schema, setup: Any, lineage: str
+    ) -> None:
+        self.setup, self.lineage = setup, lineage
         self.s, self.epoch, self.skip, self.schema = s, epoch, skip, schema
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _Message:
         return _write(self.s, self.epoch, self.skip, iterator, self.setup)
 
     def commit(self, messages: list[Any]) -> None:
-        rt = _runtime(self.s)
+        rt = _runtime(self.s, self.lineage)
         try:
             if self.skip:
                 log.info(
@@ -293,7 +295,7 @@ class EosinkDataSource(DataSource):
             setup = None if skip else rt.coordinator.writer_setup(arrow)
         finally:
             _close(rt)
-        return _BatchWriter(s, epoch, skip, arrow, setup)
+        return _BatchWriter(s, epoch, skip, arrow, setup, rt.lineage)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:
         opts = {k.lower(): v for k, v in dict(self.options).items()}

@@ -18,8 +18,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._metastore import ABORTED, BATCH, COMMITTED, PENDING, MetaStore
-from .errors import EosinkError, FencedError, NewCheckpointError, SinkIdentityError
+from ._metastore import ABORTED, BATCH, BATCH_AUTO, BATCH_ORIGINS, COMMITTED, PENDING, MetaStore
+from .errors import (
+    EosinkError,
+    FencedError,
+    NewCheckpointError,
+    SinkIdentityError,
+    UnfinishedRunError,
+)
 from .faults import fault_point
 from .sink import SinkCommitCoordinator, SinkPlugin, StagedEpochs, TargetMarker
 
@@ -94,7 +100,8 @@ class SinkRuntime:
     generation: int = field(init=False, default=0)
     figures: dict[int, EpochFigures] = field(init=False, default_factory=dict)
     lineage: str = field(init=False, default=BATCH)
-    """``origin`` of the epochs this run writes: ``batch`` or the stream's lineage."""
+    """``origin`` of the epochs this run writes: ``batch`` (explicit ``epoch=``),
+    ``batch-auto`` (the next free epoch) or the stream's lineage."""
     adopted_last: int | None = field(init=False, default=None)
     """Set when this meta store took the sink over from the target's marker."""
     _since_gc: int = field(init=False, default=0)
@@ -200,18 +207,43 @@ class SinkRuntime:
         """What a batch run does with ``epoch`` (None: the next free one).
 
         An explicit epoch is skipped only when *that* epoch is known committed by a batch
-        run; an epoch never written is written, also below the newest one (a backfill).
+        run with that explicit epoch; an epoch never written is written, also below the newest
+        one (a backfill). Without an epoch the run gets the next free one, unless an earlier
+        run without epoch crashed with its data complete: that one is committed and this run
+        refused (:class:`UnfinishedRunError`), since it may repeat it.
 
         Raises:
-            SinkIdentityError: the epoch belongs to a streaming query of this sink, or
-                eosink cannot tell whether it was committed.
+            SinkIdentityError: the epoch belongs to a streaming query of this sink or to a
+                run without epoch, or eosink cannot tell whether it was committed.
+            UnfinishedRunError: no epoch given, and a run without epoch crashed with its
+                data complete (now committed).
         """
         sid = self.sink_id
         if epoch is None:
+            self.lineage = BATCH_AUTO
+            crashed = [r for r in self.store.epochs(sid, (PENDING,)) if r.origin == BATCH_AUTO]
+            if crashed:
+                self.recover(first_epoch=0)  # a batch run commits every PENDING batch epoch
+                done = ", ".join(f"epoch {r.epoch} ({r.rows} rows)" for r in crashed)
+                raise UnfinishedRunError(
+                    f"sink {sid!r}: an earlier run without epoch= crashed after its data was "
+                    f"complete; eosink has now committed it: {done}. This run wrote nothing, "
+                    "because eosink cannot tell whether it repeats that run: if it does, you "
+                    "are done; if it brings new data, run it again. Pass epoch= (e.g. the "
+                    "date of the data) to make re-runs safe"
+                )
             return WRITE, self.store.max_epoch(sid) + 1
+        self.lineage = BATCH
         rec = self.store.epoch(sid, epoch)
         if rec is not None:
-            if rec.origin not in (None, BATCH):
+            if rec.origin == BATCH_AUTO and rec.status in (COMMITTED, PENDING):
+                raise SinkIdentityError(
+                    f"epoch {epoch} of sink {sid!r} was given to an earlier run without epoch= "
+                    "(the next free epoch then), so it cannot tell whether this run repeats "
+                    f"it. Pick an unused epoch (above {self.store.max_epoch(sid)} is always "
+                    "free), and keep either explicit or automatic epochs on one sink"
+                )
+            if rec.origin not in (None, *BATCH_ORIGINS):
                 raise SinkIdentityError(
                     f"epoch {epoch} of sink {sid!r} was written by a streaming query of this "
                     "sink; a batch run must not reuse it. Pick an epoch above "
@@ -239,9 +271,9 @@ class SinkRuntime:
         if rec is not None and rec.origin not in (None, self.lineage):
             raise SinkIdentityError(
                 f"epoch {epoch} of sink {self.sink_id!r} was written by another run "
-                f"({'a batch job' if rec.origin == BATCH else 'another checkpoint'}) while this "
-                "query was running. Restart the query: eosink then moves its epochs above every "
-                "used one"
+                f"({'a batch job' if rec.origin in BATCH_ORIGINS else 'another checkpoint'}) "
+                "while this query was running. Restart the query: eosink then moves its "
+                "epochs above every used one"
             )
         if rec is None:
             sink = self.store.sink(self.sink_id)
@@ -377,7 +409,7 @@ class SinkRuntime:
         t0 = time.perf_counter()
         pending = self.store.epochs(self.sink_id, (PENDING,))
         for rec in pending:
-            own = self.lineage != BATCH and rec.origin in (None, self.lineage)
+            own = self.lineage not in BATCH_ORIGINS and rec.origin in (None, self.lineage)
             if rec.epoch < first_epoch or not own:
                 log.info(
                     "sink %s: recovery commits %s epoch %d",

@@ -495,6 +495,8 @@ def run(
             the ``pip install`` to run); before Spark is touched.
         SinkIdentityError: the sink_id, its target and the meta store disagree (before
             anything is written).
+        UnfinishedRunError: batch without ``epoch``: an earlier run without one crashed
+            with its data complete; that epoch is committed now and this run not written.
         MetaStoreUnavailableError: the meta store cannot be reached (nothing is published).
     """
     plugin = get_sink(sink)

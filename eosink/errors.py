@@ -28,6 +28,7 @@ __all__ = [
     "SchemaOutdatedError",
     "SinkError",
     "SinkIdentityError",
+    "UnfinishedRunError",
     "UnknownSinkError",
 ]
 
@@ -115,6 +116,18 @@ class SinkIdentityError(ConfigError):
     Raised at start, before anything is written: a sink_id reused for another target, a meta
     store that is behind the target's marker, an explicit batch epoch that would collide
     with another run's epochs. The message says what to do.
+    """
+
+
+class UnfinishedRunError(ConfigError):
+    """A batch run without ``epoch=`` found an earlier such run that crashed with its data
+    complete (PENDING).
+
+    eosink commits the crashed run's epoch (its rows become visible) and writes nothing for
+    this run, because it cannot tell whether this run repeats the crashed one (writing it
+    would then duplicate every row) or brings new data (skipping it would lose them). The
+    message names the epoch and its rows: if this run repeats it, nothing more is needed;
+    else run it again. Passing ``epoch=`` makes re-runs safe without asking.
     """
 
 

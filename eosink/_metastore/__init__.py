@@ -1,11 +1,22 @@
 """The meta store (private): model, migrations and the state machine."""
 
 from .models import ABORTED, COMMITTED, PENDING
-from .store import BATCH, EpochRecord, MetaStore, SinkRecord, default_url, redact_url
+from .store import (
+    BATCH,
+    BATCH_AUTO,
+    BATCH_ORIGINS,
+    EpochRecord,
+    MetaStore,
+    SinkRecord,
+    default_url,
+    redact_url,
+)
 
 __all__ = [
     "ABORTED",
     "BATCH",
+    "BATCH_AUTO",
+    "BATCH_ORIGINS",
     "COMMITTED",
     "PENDING",
     "EpochRecord",

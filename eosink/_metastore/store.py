@@ -56,10 +56,24 @@ from .models import ABORTED, COMMITTED, PENDING, EpochRow, SinkRow
 
 log = logging.getLogger("eosink.metastore")
 
-__all__ = ["BATCH", "EpochRecord", "MetaStore", "SinkRecord", "default_url", "redact_url"]
+__all__ = [
+    "BATCH",
+    "BATCH_AUTO",
+    "BATCH_ORIGINS",
+    "EpochRecord",
+    "MetaStore",
+    "SinkRecord",
+    "default_url",
+    "redact_url",
+]
 
 BATCH = "batch"
-"""``origin`` of an epoch written by a batch run (a stream's epochs carry its lineage)."""
+"""``origin`` of an epoch written by a batch run with an explicit ``epoch=`` (a stream's
+epochs carry its lineage)."""
+BATCH_AUTO = "batch-auto"
+"""``origin`` of an epoch a batch run without ``epoch=`` got (the next free one)."""
+BATCH_ORIGINS = (BATCH, BATCH_AUTO)
+"""The ``origin`` values of batch runs' epochs."""
 
 T = TypeVar("T")
 
@@ -420,7 +434,7 @@ class MetaStore:
                 mx = conn.execute(
                     select(func.max(EpochRow.epoch)).where(
                         EpochRow.sink_id == sink_id,
-                        (EpochRow.origin != BATCH) | EpochRow.origin.is_(None),
+                        EpochRow.origin.not_in(BATCH_ORIGINS) | EpochRow.origin.is_(None),
                     )
                 ).scalar_one_or_none()
                 floor = conn.execute(
@@ -679,7 +693,7 @@ class MetaStore:
                     (EpochRow.sink_id == sink_id)
                     & (EpochRow.status == COMMITTED)
                     & (EpochRow.epoch <= hw - keep_last)
-                    & ((EpochRow.origin != BATCH) | EpochRow.origin.is_(None))
+                    & (EpochRow.origin.not_in(BATCH_ORIGINS) | EpochRow.origin.is_(None))
                 )
                 top = conn.execute(select(func.max(EpochRow.epoch)).where(cond)).scalar()
                 if top is None:
