@@ -25,6 +25,7 @@ from eosink import (
     MetaStoreUnavailableError,
     NewCheckpointError,
     SinkIdentityError,
+    UnfinishedRunError,
 )
 from eosink._metastore import MetaStore
 
@@ -82,6 +83,33 @@ def test_backfill_commits_a_crashed_batch_runs_complete_epoch(
     assert isinstance(again, BatchResult) and again.skipped
     assert read_ids(Path(out)) == list(range(10)) + list(range(100, 110))
     assert staged_files(Path(out)) == []
+
+
+def test_rerun_without_epoch_after_a_crash_never_duplicates(
+    spark, tmp_path: Path, home: Path
+) -> None:
+    """A run without epoch= dies with its data complete (PENDING); the user re-runs it as it
+    was: eosink commits the crashed run's epoch and refuses to write this one (it cannot
+    tell a repeat from new data), saying so. Every row once. An explicit epoch equal to an
+    automatic one is refused, not skipped."""
+    from eosink.faults import SimulatedCrash, simulate
+
+    out = str(tmp_path / "out")
+    first = eosink.run(spark.range(0, 5), sink="file", path=out)
+    assert isinstance(first, BatchResult) and first.epoch == 0
+    with simulate("after_persist") as fired, pytest.raises(SimulatedCrash):
+        eosink.run(spark.range(10, 20), sink="file", path=out)
+    assert fired[0] == 1
+    with pytest.raises(UnfinishedRunError, match=r"epoch 1 \(10 rows\).*run it again"):
+        eosink.run(spark.range(10, 20), sink="file", path=out)
+    assert read_ids(Path(out)) == list(range(5)) + list(range(10, 20))
+    assert staged_files(Path(out)) == []
+    # The next run without epoch= is new data: written.
+    r = eosink.run(spark.range(30, 31), sink="file", path=out)
+    assert isinstance(r, BatchResult) and r.epoch == 2 and not r.skipped
+    with pytest.raises(SinkIdentityError, match="without epoch="):
+        eosink.run(spark.range(40, 41), sink="file", path=out, epoch=1)
+    assert read_ids(Path(out)) == list(range(5)) + list(range(10, 20)) + [30]
 
 
 def test_fresh_checkpoint_is_refused_even_when_the_meta_store_is_lost(
