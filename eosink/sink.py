@@ -415,7 +415,8 @@ def describe_option_errors(model: type[BaseModel], exc: Any) -> str:
     unless the message already shows it. A value that may be a secret (a ``SecretStr`` or
     ``SecretBytes`` field, a field with ``repr=False``, a field or key named like a password,
     token, key or credential) is never shown; credential-named keys inside a dict and the
-    password of a URL are masked in any value. Unknown options list the sink's options.
+    password of a URL are masked in any value. Unknown options list the sink's options and
+    never show their value (a misspelt credential key is still a credential).
     """
     problems: list[str] = []
     unknown = False
@@ -438,9 +439,11 @@ def describe_option_errors(model: type[BaseModel], exc: Any) -> str:
             problems.append(msg)
             continue
         if kind == "extra_forbidden":
+            # Never its value: a misspelt key (``pasword=``) is as secret as the right one.
             unknown = True
-            msg = "unknown option"
-        elif msg[:1].isupper() and msg[1:2].islower():
+            problems.append(f"{where}: unknown option")
+            continue
+        if msg[:1].isupper() and msg[1:2].islower():
             msg = msg[0].lower() + msg[1:]
         shown = _HIDDEN if secret else _shown(value)
         if secret or shown not in msg:
