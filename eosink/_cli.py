@@ -172,6 +172,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "plugin": s.plugin,
                     "generation": s.generation,
                     "owner": s.owner,
+                    "target": s.target,
+                    "stream_lineage": s.lineage,
+                    "stream_epoch_base": s.epoch_base if s.lineage else None,
+                    "gc_floor": s.gc_floor if s.gc_floor >= 0 else None,
                     "last_committed_epoch": s.high_water if s.high_water >= 0 else None,
                     "committed_epochs": s.committed_epochs,
                     "pending_epochs": pending,
@@ -179,6 +183,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "recent_commits": [
                         {
                             "epoch": r.epoch,
+                            "run": r.origin,
                             "rows": r.rows,
                             "files": r.files,
                             "pre_commit_ms": round(r.pre_commit_ms or 0.0, 2),
@@ -204,9 +209,20 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"\nsink {s['sink_id']} (plugin {s['plugin']}, generation {s['generation']}, "
             f"owner {s['owner']})"
         )
+        print(f"  target: {s['target'] or 'not recorded (written before eosink 0.1)'}")
+        if s["stream_lineage"]:
+            print(
+                f"  current stream: lineage {s['stream_lineage']}, epochs = "
+                f"{s['stream_epoch_base']} + batchId"
+            )
         print(
             f"  last committed epoch: {s['last_committed_epoch']}  "
             f"committed epochs: {s['committed_epochs']}"
+            + (
+                f"  (streaming epochs up to {s['gc_floor']} garbage-collected)"
+                if s["gc_floor"] is not None
+                else ""
+            )
         )
         print(
             f"  pending: {s['pending_epochs'] or 'none'}  aborted: {s['aborted_epochs'] or 'none'}"
@@ -215,6 +231,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             rows = [
                 [
                     str(r["epoch"]),
+                    _run_label(r["run"]),
                     str(r["rows"]),
                     str(r["files"]),
                     f"{r['pre_commit_ms']:.1f}",
@@ -226,10 +243,23 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(
                 "  "
                 + _table(
-                    rows, ["epoch", "rows", "files", "pre_commit_ms", "commit_ms", "lag_s"]
+                    rows,
+                    ["epoch", "run", "rows", "files", "pre_commit_ms", "commit_ms", "lag_s"],
                 ).replace("\n", "\n  ")
             )
     return 0
+
+
+def _run_label(origin: str | None) -> str:
+    """What wrote an epoch: a batch run (explicit epoch), a batch run without epoch=, or a
+    stream (its lineage's first 8 characters)."""
+    from ._metastore import BATCH, BATCH_AUTO
+
+    if origin == BATCH:
+        return "batch"
+    if origin == BATCH_AUTO:
+        return "batch (auto epoch)"
+    return f"stream {origin[:8]}" if origin else "-"
 
 
 def cmd_db(args: argparse.Namespace) -> int:

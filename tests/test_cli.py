@@ -88,6 +88,7 @@ def test_status_shows_pending_and_durations(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'm.db'}"
     store = MetaStore(url)
     g = store.acquire("file:/data/x", "file").generation
+    store.set_target("file:/data/x", g, "file:/data/x")
     for e in range(3):
         store.persist_pending(
             "file:/data/x",
@@ -100,6 +101,7 @@ def test_status_shows_pending_and_durations(tmp_path: Path) -> None:
             nbytes=5,
             batch_end_at=100.0,
             pre_commit_ms=1.5,
+            origin=("batch", "batch-auto", "0123456789abcdef")[e],
         )
     store.mark_committed("file:/data/x", g, 0, commit_ms=4.25)
     store.mark_committed("file:/data/x", g, 1, commit_ms=2.0)
@@ -109,8 +111,11 @@ def test_status_shows_pending_and_durations(tmp_path: Path) -> None:
     assert data[0]["last_committed_epoch"] == 1
     assert data[0]["pending_epochs"] == [2]
     assert [c["commit_ms"] for c in data[0]["recent_commits"]] == [2.0, 4.25]
+    assert [c["run"] for c in data[0]["recent_commits"]] == ["batch-auto", "batch"]
+    assert data[0]["target"] == "file:/data/x" and data[0]["gc_floor"] is None
     text = _cli("status", "--metastore-url", url).stdout
     assert "pending: [2]" in text and "sink file:/data/x" in text
+    assert "target: file:/data/x" in text and "batch (auto epoch)" in text
 
 
 def test_status_hides_passwords_and_reports_unreachable() -> None:
