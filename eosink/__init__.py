@@ -9,9 +9,9 @@ h.await_termination()
 
 from __future__ import annotations
 
-from ._datasource import register as register_datasource
-from ._protocol import EpochFigures
-from ._spark import BatchResult, StreamingHandle, run, spark_session
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     CommitFailedError,
     CommitStateUnknownError,
@@ -43,6 +43,35 @@ from .sink import (
     TargetMarker,
     WriterContext,
 )
+
+if TYPE_CHECKING:
+    from ._datasource import register as register_datasource
+    from ._protocol import EpochFigures
+    from ._spark import BatchResult, StreamingHandle, run, spark_session
+
+# The driver-side API is imported on first use: Spark's Python workers import eosink to
+# unpickle a writer, and need neither pyspark's data source API nor the meta store
+# (SQLAlchemy, Alembic), about a second of imports per worker.
+_LAZY = {
+    "register_datasource": ("._datasource", "register"),
+    "EpochFigures": ("._protocol", "EpochFigures"),
+    "BatchResult": ("._spark", "BatchResult"),
+    "StreamingHandle": ("._spark", "StreamingHandle"),
+    "run": ("._spark", "run"),
+    "spark_session": ("._spark", "spark_session"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The driver-side names of the API, imported when first used."""
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'eosink' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), attr)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 """The version of this eosink release."""

@@ -53,7 +53,7 @@ from . import errors
 from ._checkpoint import CheckpointDir
 from ._metastore import BATCH, PENDING, MetaStore, default_url
 from ._protocol import FINISH, SKIP, SinkRuntime
-from ._spark import run_writer
+from ._tasks import run_writer
 from .errors import ConfigError, EosinkError
 from .registry import get_sink
 from .sink import SinkPlugin

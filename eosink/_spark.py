@@ -10,8 +10,6 @@ import shutil
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -20,10 +18,10 @@ import pyarrow as pa
 from ._checkpoint import CheckpointDir
 from ._metastore import COMMITTED, MetaStore, default_url
 from ._protocol import FINISH, SKIP, AsyncCommitter, EpochFigures, SinkRuntime
+from ._tasks import _task_fn, run_writer
 from .errors import ConfigError, EosinkError, SinkError
-from .faults import fault_point
 from .registry import get_sink
-from .sink import SinkPlugin, WriterContext
+from .sink import SinkPlugin
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -31,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eosink")
 
-__all__ = ["BatchResult", "StreamingHandle", "run", "spark_session"]
+__all__ = ["BatchResult", "StreamingHandle", "run", "run_writer", "spark_session"]
 
 CommitMode = Literal["after_checkpoint", "inline"]
 
@@ -220,62 +218,6 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
 # Writers in Spark tasks
 # ---------------------------------------------------------------------------------------
 _RESULT_SCHEMA = "result binary, rows long"
-
-
-def run_writer(
-    plugin: SinkPlugin[Any, Any, Any],
-    options: Any,
-    sink_id: str,
-    epoch: int,
-    setup: Any,
-    batches: Iterable[pa.RecordBatch],
-) -> tuple[bytes, int]:
-    """Inside a Spark task: one writer over the partition's batches -> (encoded result, rows).
-
-    A failing writer gets ``abort_write`` before the error propagates (Spark retries the task).
-    """
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    part = tc.partitionId() if tc else 0
-    attempt = tc.attemptNumber() if tc else 0
-    ctx = WriterContext(
-        sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}", setup
-    )
-    writer = plugin.writer_factory(options, ctx)
-    rows = 0
-    try:
-        writer.begin_epoch(epoch)
-        for b in batches:
-            rows += b.num_rows
-            writer.write_batch(b)
-        fault_point("task_before_finish", first_attempt=attempt == 0)
-        result = writer.finish_write(epoch)
-    except BaseException:
-        writer.abort_write()
-        raise
-    fault_point("task_after_finish", first_attempt=attempt == 0)
-    return plugin.write_result_codec.encode(result), rows
-
-
-def _task_fn(
-    plugin: SinkPlugin[Any, Any, Any],
-    options: Any,
-    sink_id: str,
-    epoch: int,
-    setup: Any,
-    names: list[str] | None = None,
-) -> Any:
-    def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        if names is not None:  # the DataFrame's own column names (see write_epoch)
-            batches = (b.rename_columns(names) for b in batches)
-        result, rows = run_writer(plugin, options, sink_id, epoch, setup, batches)
-        yield pa.record_batch(
-            [pa.array([result], pa.binary()), pa.array([rows], pa.int64())],
-            names=["result", "rows"],
-        )
-
-    return write_partition
 
 
 def write_epoch(
