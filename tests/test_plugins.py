@@ -350,3 +350,23 @@ def test_a_third_party_sink_declares_its_requirements() -> None:
     again = pickle.loads(pickle.dumps(err))
     assert (again.extra, again.install, again.pip) == ("fast", "needy-sink[fast]", err.pip)
     get_sink("file").check_ready()  # nothing declared: ready
+
+
+def test_executor_imports_stay_light() -> None:
+    """What a Spark Python worker imports to unpickle a writer task (the sink plugin and
+    eosink._tasks) pulls in neither the meta store (SQLAlchemy, Alembic), nor the protocol,
+    nor pyspark's data source API; the driver-side names still import on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, eosink_file.plugin, eosink._tasks\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic')"
+        " or m in ('eosink._protocol', 'eosink._metastore', 'eosink._spark',"
+        " 'eosink._datasource', 'pyspark.sql.datasource'))\n"
+        "assert not heavy, heavy\n"
+        "from eosink import run, EpochFigures\n"
+        "assert 'sqlalchemy' in sys.modules and callable(run)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
