@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from ._checkpoint import CheckpointDir
-from ._metastore import COMMITTED, MetaStore, default_url
+from ._metastore import COMMITTED, MetaStore, default_url, eosink_home
 from ._protocol import FINISH, SKIP, AsyncCommitter, EpochFigures, SinkRuntime
-from ._tasks import _task_fn, run_writer
+from ._tasks import _task_fn
 from .errors import ConfigError, EosinkError, SinkError
 from .registry import get_sink
 from .sink import SinkPlugin
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eosink")
 
-__all__ = ["BatchResult", "StreamingHandle", "run", "run_writer", "spark_session"]
+__all__ = ["BatchResult", "StreamingHandle", "run", "spark_session"]
 
 CommitMode = Literal["after_checkpoint", "inline"]
 
@@ -118,8 +118,7 @@ def _log4j2_file(level: str) -> str | None:
         return SPARK_LOG_LEVELS[min(SPARK_LOG_LEVELS.index(level), SPARK_LOG_LEVELS.index(floor))]
 
     text = _LOG4J2.format(level=level, jetty=quieter("WARN"), parquet=quieter("ERROR"))
-    home = os.environ.get("EOSINK_HOME") or os.path.join(os.path.expanduser("~"), ".eosink")
-    path = os.path.join(home, "spark", f"log4j2-{level.lower()}.properties")
+    path = str(eosink_home() / "spark" / f"log4j2-{level.lower()}.properties")
     try:
         with open(path) as f:
             if f.read() == text:

@@ -9,6 +9,7 @@ from .store import (
     MetaStore,
     SinkRecord,
     default_url,
+    eosink_home,
     redact_url,
 )
 
@@ -23,5 +24,6 @@ __all__ = [
     "MetaStore",
     "SinkRecord",
     "default_url",
+    "eosink_home",
     "redact_url",
 ]

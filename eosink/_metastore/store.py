@@ -64,6 +64,7 @@ __all__ = [
     "MetaStore",
     "SinkRecord",
     "default_url",
+    "eosink_home",
     "redact_url",
 ]
 
@@ -141,9 +142,13 @@ def default_url(checkpoint_location: str | None = None) -> str:
                 legacy,
             )
             return f"sqlite:///{legacy.resolve()}"
-    base = Path(os.environ.get("EOSINK_HOME", Path.home() / ".eosink")).expanduser()
     # Not created here: a read-only command (eosink status) must create nothing.
-    return f"sqlite:///{(base / 'metastore.db').resolve()}"
+    return f"sqlite:///{(eosink_home() / 'metastore.db').resolve()}"
+
+
+def eosink_home() -> Path:
+    """eosink's directory on this machine: ``$EOSINK_HOME``, by default ``~/.eosink``."""
+    return Path(os.environ.get("EOSINK_HOME", Path.home() / ".eosink")).expanduser()
 
 
 def _greatest(dialect: str, column: Any, value: int) -> Any:
