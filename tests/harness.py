@@ -171,32 +171,29 @@ class Job:
         procs: list[subprocess.Popen[bytes]] = []
         paths = [self.tmp / f"run-{len(self.logs)}-{name}.log" for name in ("a", "b")]
         handles = [open(p, "w") for p in paths]
+
+        def start(run_env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen(
+                self.argv(),
+                env=run_env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            procs.append(proc)
+            return proc
+
         try:
-            before = {e for _, e in self._state()}
-            for i, fh in enumerate(handles):
-                run_env = dict(env, CRASHJOB_HOLD=str(hold)) if i == 0 else env
-                procs.append(
-                    subprocess.Popen(
-                        self.argv(),
-                        env=run_env,
-                        stdout=fh,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-                deadline = time.monotonic() + timeout
-                if i == 0:
-                    while procs[0].poll() is None and time.monotonic() < deadline:
-                        if {e for _, e in self._state()} - before:
-                            break
-                        time.sleep(0.02)
-                    generation = self._generation()
-                else:
-                    while procs[1].poll() is None and time.monotonic() < deadline:
-                        if self._generation() > generation:
-                            break
-                        time.sleep(0.05)
-                    hold.unlink()
+            a = start(dict(env, CRASHJOB_HOLD=str(hold)), handles[0])
+            self._wait_for_protocol(a, timeout)
+            generation = self._generation()
+            b = start(env, handles[1])
+            deadline = time.monotonic() + timeout
+            while b.poll() is None and time.monotonic() < deadline:
+                if self._generation() > generation:
+                    break
+                time.sleep(0.05)
+            hold.unlink()
             codes = [p.wait(timeout=timeout) for p in procs]
         finally:
             hold.unlink(missing_ok=True)
