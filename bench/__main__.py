@@ -64,7 +64,7 @@ def bench_protocol(url: str, label: str, epochs: int, tmp: Path) -> dict[str, fl
     for e in range(epochs):
         t0 = time.perf_counter()
         rt.is_committed(e)  # what a micro-batch checks first (replay detection)
-        c, fig = rt.pre_commit(e, [], [], rows=0, write_s=0.0)
+        c, fig = rt.pre_commit(e, [], rows=0, write_s=0.0)
         rt.commit_epoch(e, c, fig)
         costs.append((time.perf_counter() - t0) * 1000)
     rt.close()
@@ -513,7 +513,7 @@ def bench_iceberg(spark: Any, inp: Path, schema: Any, tmp: Path, reps: int, quic
 
         def commit(e: int) -> float:
             results = drive_writers(plugin, opts, f"bench-{tag}", e, [[batch]], setup)
-            c = coord.pre_commit(e, results, [])
+            c = coord.pre_commit(e, results).committable
             t0 = time.perf_counter()
             coord.commit(e, c)
             return (time.perf_counter() - t0) * 1000

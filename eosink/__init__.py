@@ -37,8 +37,10 @@ from .sink import (
     Codec,
     CoordinatedSinkWriter,
     JsonCodec,
+    Prepared,
     SinkCommitCoordinator,
     SinkPlugin,
+    SparkWriter,
     StagedEpochs,
     TargetMarker,
     WriterContext,
@@ -46,8 +48,10 @@ from .sink import (
 
 if TYPE_CHECKING:
     from ._datasource import register as register_datasource
+    from ._handles import BatchResult, StreamingHandle
     from ._protocol import EpochFigures
-    from ._spark import BatchResult, StreamingHandle, run, spark_session
+    from ._run import run
+    from ._session import spark_session
 
 # The driver-side API is imported on first use: Spark's Python workers import eosink to
 # unpickle a writer, and need neither pyspark's data source API nor the meta store
@@ -55,10 +59,10 @@ if TYPE_CHECKING:
 _LAZY = {
     "register_datasource": ("._datasource", "register"),
     "EpochFigures": ("._protocol", "EpochFigures"),
-    "BatchResult": ("._spark", "BatchResult"),
-    "StreamingHandle": ("._spark", "StreamingHandle"),
-    "run": ("._spark", "run"),
-    "spark_session": ("._spark", "spark_session"),
+    "BatchResult": ("._handles", "BatchResult"),
+    "StreamingHandle": ("._handles", "StreamingHandle"),
+    "run": ("._run", "run"),
+    "spark_session": ("._session", "spark_session"),
 }
 
 
@@ -92,6 +96,7 @@ __all__ = [
     "MetaStoreUnavailableError",
     "MissingExtraError",
     "NewCheckpointError",
+    "Prepared",
     "SchemaMismatchError",
     "SchemaOutdatedError",
     "SinkCommitCoordinator",
@@ -99,6 +104,7 @@ __all__ = [
     "SinkIdentityError",
     "SinkInfo",
     "SinkPlugin",
+    "SparkWriter",
     "StagedEpochs",
     "StreamingHandle",
     "TargetMarker",

@@ -51,8 +51,8 @@ from pyspark.sql.types import StructType
 
 from . import errors
 from ._checkpoint import CheckpointDir
-from ._metastore import BATCH, PENDING, MetaStore, default_url
-from ._protocol import FINISH, SKIP, SinkRuntime
+from ._metastore import BATCH, MetaStore, default_url
+from ._protocol import SinkRuntime
 from ._tasks import run_writer
 from .errors import ConfigError, EosinkError
 from .registry import get_sink
@@ -175,13 +175,20 @@ def _write(
     return _Message(result, rows)
 
 
-def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], schema: pa.Schema) -> None:
+def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: bool) -> None:
+    """Phase 1 and 2 of an epoch written by the data source's tasks (or discard a replay)."""
+    ep = rt.stream_epoch(epoch, inline=True) if stream else None
+    if ep is not None and ep.skipped:
+        log.info(
+            "sink %s epoch %d: replay of a committed epoch; output discarded", rt.sink_id, epoch
+        )
+        rt.discard(epoch)
+        return
     codec = rt.plugin.write_result_codec
     msgs = [m for m in messages if isinstance(m, _Message) and m.result is not None]
     results = [codec.decode(m.result, codec.version) for m in msgs if m.result is not None]
-    committable, fig = rt.pre_commit(
-        epoch, results, rt.add_columns(schema), rows=sum(m.rows for m in msgs), write_s=0.0
-    )
+    rows = sum(m.rows for m in msgs)
+    committable, fig = rt.pre_commit(epoch, results, rows=rows, write_s=0.0)
     rt.commit_epoch(epoch, committable, fig)
 
 
@@ -210,7 +217,7 @@ class _BatchWriter(DataSourceArrowWriter):
                 )
                 rt.discard(self.epoch)
                 return
-            _commit_inline(rt, self.epoch, messages, self.schema)
+            _commit_inline(rt, self.epoch, messages, stream=False)
         finally:
             _close(rt)
 
@@ -238,20 +245,7 @@ class _StreamWriter(DataSourceStreamArrowWriter):
         epoch = self.base + batchId
         rt = _runtime(self.s, self.lineage)
         try:
-            # Inline-mode recovery: PENDING epochs left by a crash hold complete data.
-            rt.recover(
-                first_epoch=epoch + 1 if rt.status_of(epoch) == PENDING else epoch,
-                keep_staged=frozenset({epoch}),
-            )
-            if rt.stream_decision(epoch) == SKIP:
-                log.info(
-                    "sink %s epoch %d: replay of a committed epoch; output discarded",
-                    rt.sink_id,
-                    epoch,
-                )
-                rt.discard(epoch)
-                return
-            _commit_inline(rt, epoch, messages, self.schema)
+            _commit_inline(rt, epoch, messages, stream=True)
         finally:
             _close(rt)
 
@@ -285,17 +279,11 @@ class EosinkDataSource(DataSource):
                 wanted = int(raw) if raw is not None else None
             except ValueError:
                 raise ConfigError(f"option epoch must be an integer, not {raw!r}") from None
-            decision, epoch = rt.batch_decision(wanted)
-            skip = decision == SKIP
-            if decision == FINISH:
-                rt.recover(first_epoch=epoch + 1)  # a crashed run's complete epoch: finish it
-                skip = True
-            elif not skip:
-                rt.recover(first_epoch=epoch)
-            setup = None if skip else rt.coordinator.writer_setup(arrow)
+            ep = rt.batch_epoch(wanted)  # a crashed run's complete epoch is committed here
+            setup = None if ep.skipped else ep.setup(arrow)
         finally:
             _close(rt)
-        return _BatchWriter(s, epoch, skip, arrow, setup, rt.lineage)
+        return _BatchWriter(s, ep.epoch, ep.skipped, arrow, setup, rt.lineage)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> _StreamWriter:
         opts = {k.lower(): v for k, v in dict(self.options).items()}

@@ -57,7 +57,7 @@ def demo(sink: str, workdir: str | None, *, rows: int, batches: int) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ._spark import BatchResult, StreamingHandle, run, spark_session
+    from . import BatchResult, StreamingHandle, run, spark_session
 
     base = Path(workdir or tempfile.mkdtemp(prefix="eosink-demo-")).resolve()
     base.mkdir(parents=True, exist_ok=True)

@@ -23,15 +23,16 @@ from .errors import (
     EosinkError,
     FencedError,
     NewCheckpointError,
+    SinkError,
     SinkIdentityError,
     UnfinishedRunError,
 )
 from .faults import fault_point
-from .sink import SinkCommitCoordinator, SinkPlugin, StagedEpochs, TargetMarker
+from .sink import Prepared, SinkCommitCoordinator, SinkPlugin, StagedEpochs, TargetMarker
 
 log = logging.getLogger("eosink")
 
-__all__ = ["EpochFigures", "SinkRuntime"]
+__all__ = ["Epoch", "EpochFigures", "SinkRuntime"]
 
 SKIP, FINISH, WRITE = "skip", "finish", "write"
 """What to do with an epoch: already committed (discard the new output), finish the commit
@@ -53,6 +54,8 @@ class EpochFigures:
     batch_end_at: float = 0.0
     committed_at: float = 0.0
     skipped: bool = False
+    writer: str = ""
+    """Which writers staged the epoch: ``spark`` (the native path) or ``python``."""
 
     @property
     def visibility_lag_s(self) -> float:
@@ -75,6 +78,67 @@ def schema_bytes(schema: pa.Schema) -> bytes:
 
 def schema_from_bytes(data: bytes) -> pa.Schema:
     return pa.ipc.open_stream(data).schema
+
+
+@dataclass
+class Epoch:
+    """One epoch of one run, from the decision to its commit (made by the runtime).
+
+    Both front ends (``eosink.run`` and ``format("eosink")``) drive an epoch the same way::
+
+        ep = runtime.batch_epoch(epoch)          # or runtime.stream_epoch(base + batchId)
+        if ep.skipped:                           # committed before, or finished now
+            ep.discard()                         # (only if something was written meanwhile)
+        else:
+            setup = ep.setup(schema)             # coordinator.writer_setup
+            ... write (Python writers in tasks, or the native path) ...
+            ep.prepare(results, rows, write_s)   # phase 1: PENDING
+            ep.commit()                          # phase 2 (or hand it to the AsyncCommitter)
+
+    Attributes:
+        epoch: the epoch.
+        decision: ``write`` or ``skip``.
+        recovered: a crashed run's PENDING epoch (complete data) was committed instead.
+        figures: the epoch's figures once prepared (or recovered).
+        committable: once prepared.
+    """
+
+    runtime: SinkRuntime
+    epoch: int
+    decision: str
+    recovered: bool = False
+    figures: EpochFigures | None = None
+    committable: Any = None
+
+    @property
+    def skipped(self) -> bool:
+        """Nothing to write: the epoch is committed (before, or by this recovery)."""
+        return self.decision == SKIP
+
+    def setup(self, schema: pa.Schema) -> Any:
+        """The coordinator's ``writer_setup`` for this epoch's schema."""
+        return self.runtime.coordinator.writer_setup(schema)
+
+    def prepare(
+        self, results: Sequence[Any], rows: int, write_s: float, *, writer: str = "python"
+    ) -> EpochFigures:
+        """Phase 1: the coordinator's ``pre_commit``, persisted PENDING."""
+        assert self.decision == WRITE, f"epoch {self.epoch} is not to be written"
+        self.committable, self.figures = self.runtime.pre_commit(
+            self.epoch, results, rows=rows, write_s=write_s, writer=writer
+        )
+        return self.figures
+
+    def commit(self) -> EpochFigures:
+        """Phase 2: commit (retried while transient) and mark COMMITTED."""
+        assert self.figures is not None, f"epoch {self.epoch} is not prepared"
+        self.runtime.commit_epoch(self.epoch, self.committable, self.figures)
+        return self.figures
+
+    def discard(self) -> None:
+        """Delete what was staged for the epoch without a committable (failed writers, a
+        replay's output)."""
+        self.runtime.discard(self.epoch)
 
 
 @dataclass
@@ -201,6 +265,44 @@ class SinkRuntime:
             self.store.assert_live(self.sink_id, self.generation)
             self.coordinator.write_marker(want)
             self._marker = want
+
+    # -- one epoch of a run ----------------------------------------------------------------
+    def batch_epoch(self, epoch: int | None) -> Epoch:
+        """The epoch a batch run writes (None: the next free one), recovery applied.
+
+        A skipped epoch (committed before) needs nothing; a crashed run's PENDING epoch is
+        committed now (``Epoch.recovered``); else earlier PENDING epochs are recovered first
+        and the epoch is to be written. Raises as :meth:`batch_decision`.
+        """
+        decision, e = self.batch_decision(epoch)
+        if decision == FINISH:
+            self.recover(first_epoch=e + 1)  # a crashed run's complete epoch: commit it
+            rec = self.store.epoch(self.sink_id, e)
+            assert rec is not None and rec.status == COMMITTED
+            fig = self.figures.get(e) or EpochFigures(e, rec.rows, rec.files, rec.bytes)
+            return Epoch(self, e, SKIP, recovered=True, figures=fig)
+        if decision == WRITE:
+            self.recover(first_epoch=e)
+        return Epoch(self, e, decision)
+
+    def stream_epoch(self, epoch: int, *, inline: bool = False) -> Epoch:
+        """The epoch ``base + batchId`` of a micro-batch.
+
+        ``inline``: the front end commits inside the micro-batch and recovers at every one
+        (``format("eosink")``, whose driver side keeps no state between calls): PENDING
+        epochs left by a crash hold complete data and are committed first. A replay of a
+        committed epoch is a skip; a crashed run's PENDING epoch is committed now
+        (``Epoch.recovered``). Raises as :meth:`stream_decision`.
+        """
+        if inline:
+            pending = self.status_of(epoch) == PENDING
+            self.recover(
+                first_epoch=epoch + 1 if pending else epoch, keep_staged=frozenset({epoch})
+            )
+        decision = self.stream_decision(epoch)
+        if decision == FINISH:
+            return Epoch(self, epoch, SKIP, recovered=True, figures=self.finish(epoch))
+        return Epoch(self, epoch, decision)
 
     # -- which epochs to write -----------------------------------------------------------
     def batch_decision(self, epoch: int | None) -> tuple[str, int]:
@@ -487,33 +589,29 @@ class SinkRuntime:
         rec = self.store.epoch(self.sink_id, epoch)
         return None if rec is None else rec.status
 
-    def add_columns(self, schema: pa.Schema) -> list[pa.Field]:
-        """Fields of ``schema`` that the previous epoch's schema did not have; remembers it."""
-        sink = self.store.sink(self.sink_id)
-        prev = schema_from_bytes(sink.arrow_schema) if sink and sink.arrow_schema else None
-        if prev is not None and prev.equals(schema):
-            return []
-        self.store.set_schema(self.sink_id, self.generation, schema_bytes(schema))
-        if prev is None:
-            return []
-        return [f for f in schema if f.name not in prev.names]
-
     def pre_commit(
         self,
         epoch: int,
         results: Sequence[Any],
-        add_columns: Sequence[pa.Field],
         *,
         rows: int,
         write_s: float,
+        writer: str = "python",
     ) -> tuple[Any, EpochFigures]:
         """Phase 1: build the committable and persist PENDING."""
         fault_point("after_write_results")
         t0 = time.perf_counter()
-        committable = self.coordinator.pre_commit(epoch, results, add_columns)
+        prepared = self.coordinator.pre_commit(epoch, results)
+        if not isinstance(prepared, Prepared):
+            raise SinkError(
+                f"sink {self.sink_id}: the {self.plugin.name!r} plugin's pre_commit returned "
+                f"a {type(prepared).__name__}, not eosink.Prepared(committable, files=, "
+                "bytes=) (the plugin interface of eosink 0.2; see docs/plugins.md)"
+            )
+        committable = prepared.committable
+        files, nbytes = prepared.files, prepared.bytes
         data = self.plugin.committable_codec.encode(committable)
         fault_point("after_pre_commit")
-        files, nbytes = _count_files(committable)
         batch_end = time.time()
         pre_ms = (time.perf_counter() - t0) * 1000
         self.store.persist_pending(
@@ -538,17 +636,19 @@ class SinkRuntime:
             pre_commit_ms=pre_ms,
             persist_ms=(time.perf_counter() - t0) * 1000 - pre_ms,
             batch_end_at=batch_end,
+            writer=writer,
         )
         self.figures[epoch] = fig
         log.info(
-            "sink %s epoch %d: PENDING (rows=%d files=%d bytes=%d write=%.3fs pre_commit=%.1fms "
-            "persist=%.1fms)",
+            "sink %s epoch %d: PENDING (rows=%d files=%d bytes=%d write=%.3fs (%s) "
+            "pre_commit=%.1fms persist=%.1fms)",
             self.sink_id,
             epoch,
             rows,
             files,
             nbytes,
             write_s,
+            writer,
             fig.pre_commit_ms,
             fig.persist_ms,
         )
@@ -616,14 +716,6 @@ class SinkRuntime:
             n = self.store.gc(self.sink_id, self.generation, self.gc_keep)
             if n:
                 log.debug("sink %s: garbage-collected %d committed epochs", self.sink_id, n)
-
-
-def _count_files(committable: Any) -> tuple[int, int]:
-    """Best-effort file count and size from a committable with a ``files`` list."""
-    files = committable.get("files") if isinstance(committable, dict) else None
-    if not isinstance(files, list):
-        return 0, 0
-    return len(files), sum(int(f.get("bytes", 0)) for f in files if isinstance(f, dict))
 
 
 class AsyncCommitter:

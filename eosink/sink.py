@@ -8,8 +8,11 @@ A sink is a :class:`SinkPlugin` bundle: a pydantic options model, a factory of
 The core owns every state transition of the two-phase protocol (PENDING, COMMITTED,
 ABORTED) and calls the plugin's phase methods in this order::
 
+    driver:    coordinator.writer_setup(schema) -> setup   (validate, evolve the target's schema)
     executors: writer.begin_epoch(e); writer.write_batch(b)*; writer.finish_write(e) -> result
-    driver:    coordinator.pre_commit(e, [result...], add_columns) -> committable
+      or, on the native path (a :class:`SparkWriter` coordinator), on the driver:
+               coordinator.write_with_spark(df, e, attempt, setup) -> [result...]
+    driver:    coordinator.pre_commit(e, [result...]) -> Prepared(committable, files, bytes)
                (core persists PENDING, Spark checkpoints the epoch)
                coordinator.commit(e, committable)          (core marks COMMITTED)
     recovery:  coordinator.commit(e, committable) again, or coordinator.abort(e, committable|None)
@@ -25,19 +28,24 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import pyarrow as pa
 from pydantic import BaseModel
 
 from .errors import ConfigError, MissingExtraError
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
 __all__ = [
     "Codec",
     "CoordinatedSinkWriter",
     "JsonCodec",
+    "Prepared",
     "SinkCommitCoordinator",
     "SinkPlugin",
+    "SparkWriter",
     "StagedEpochs",
     "TargetMarker",
     "WriterContext",
@@ -76,7 +84,14 @@ class Codec(Protocol[T]):
 
 @dataclass(frozen=True)
 class JsonCodec(Generic[T]):
-    """A codec for JSON-serializable values (dicts, lists, strings, numbers)."""
+    """A codec for JSON-serializable values (dicts, lists, strings, numbers).
+
+    Give it the type it encodes, so that mypy checks the plugin against it::
+
+        committable_codec=JsonCodec[dict[str, Any]](version=1)
+
+    (``JsonCodec(version=1)`` alone is a ``JsonCodec[Never]`` for a strict type checker.)
+    """
 
     version: int = 1
 
@@ -95,6 +110,22 @@ class JsonCodec(Generic[T]):
                 f"cannot decode version {version}: this codec reads up to {self.version}"
             )
         return json.loads(data)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class Prepared(Generic[C]):
+    """What :meth:`SinkCommitCoordinator.pre_commit` returns.
+
+    Attributes:
+        committable: what ``commit`` and ``abort`` get; encoded by the committable codec and
+            persisted (PENDING) before the epoch is checkpointed.
+        files: the files (or other units: objects, messages) the commit will publish.
+        bytes: their size in bytes.
+    """
+
+    committable: C
+    files: int = 0
+    bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,16 +204,20 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
         return None
 
     @abstractmethod
-    def pre_commit(self, epoch: int, results: Sequence[R], add_columns: Sequence[pa.Field]) -> C:
+    def pre_commit(self, epoch: int, results: Sequence[R]) -> Prepared[C]:
         """Aggregate all write results of ``epoch`` (N results -> 1 committable).
+
+        Schema changes are not handled here: :meth:`writer_setup` gets every epoch's schema
+        first, on the driver, and is the one place where a sink evolves its target.
 
         Args:
             epoch: the epoch.
             results: the write results of every successful task of the epoch.
-            add_columns: columns the DataFrame gained since the previous epoch.
 
         Returns:
-            The committable. Nothing may become visible yet.
+            :class:`Prepared`: the committable with the number of files (or other units) and
+            bytes it will publish (shown in figures, ``eosink status`` and logs). Nothing may
+            become visible yet.
         """
 
     @abstractmethod
@@ -209,6 +244,52 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
 
     def close(self) -> None:
         """Release resources. Called when the run ends."""
+
+
+class SparkWriter(ABC, Generic[R]):
+    """Optional mixin for a coordinator: stages an epoch with Spark's own writers.
+
+    The *native path*. Moving every row from the JVM into Python workers costs as much as
+    Spark's whole Parquet write; where Spark can write the target's files itself, a sink
+    lets it: the core calls :meth:`write_with_spark` on the driver instead of running
+    :class:`CoordinatedSinkWriter` tasks, and the rest of the protocol (``pre_commit``,
+    PENDING, checkpoint, ``commit``, recovery) is the same.
+
+    Contract:
+        Invisibility: everything is written under a staging location of the sink, derived
+            from ``(epoch, attempt)``, that readers never see; ``abort(epoch, None)`` deletes
+            everything staged for ``epoch`` (the core calls it when the write fails, and at
+            recovery for every epoch :meth:`StagedEpochs.staged_epochs` lists).
+        Failed attempts: Spark's commit protocol (``DataFrameWriter``) keeps the files of
+            failed or speculative task attempts out of the written directory; the results
+            list only files of the committed job.
+        Same results: :meth:`write_with_spark` returns results of the shape the sink's
+            Python writers return (``write_result_codec`` encodes them), so ``pre_commit``
+            and every later phase are shared by both paths.
+    """
+
+    def spark_write_unsupported(self, schema: pa.Schema) -> str | None:
+        """Why :meth:`write_with_spark` cannot write DataFrames of ``schema``, or None.
+
+        Called on the driver before each epoch; when it returns a reason, the core runs the
+        Python writers for the epoch (and logs the reason once). Default: None.
+        """
+        return None
+
+    @abstractmethod
+    def write_with_spark(self, df: DataFrame, epoch: int, attempt: str, setup: Any) -> list[R]:
+        """Stage the rows of ``df`` for ``epoch`` with Spark's writers; return the results.
+
+        Args:
+            df: the epoch's (batch) DataFrame.
+            epoch: the epoch.
+            attempt: unique per call; part of the staging location, so that a retried write
+                never meets an earlier attempt's files.
+            setup: what :meth:`SinkCommitCoordinator.writer_setup` returned for the epoch.
+
+        Returns:
+            The write results ``pre_commit`` aggregates. Nothing may be visible to readers.
+        """
 
 
 class StagedEpochs(ABC):

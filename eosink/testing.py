@@ -51,7 +51,13 @@ except ImportError as _exc:  # eosink.testing is for test environments: pytest i
 
 from .faults import SimulatedCrash, simulate
 from .registry import get_sink
-from .sink import CoordinatedSinkWriter, SinkCommitCoordinator, SinkPlugin, WriterContext
+from .sink import (
+    CoordinatedSinkWriter,
+    Prepared,
+    SinkCommitCoordinator,
+    SinkPlugin,
+    WriterContext,
+)
 
 CRASH_POINTS = (
     "after_pre_commit",
@@ -148,7 +154,12 @@ class SinkConformance:
         parts = [self.batches(start, 5), self.batches(start + 5, 5), []]
         setup = coord.writer_setup(parts[0][0].schema)
         results = drive_writers(plugin, options, self.sink_id, epoch, parts, setup)
-        committable = coord.pre_commit(epoch, results, [])
+        prepared = coord.pre_commit(epoch, results)
+        assert isinstance(prepared, Prepared), (
+            f"pre_commit must return eosink.Prepared(committable, files=, bytes=), not "
+            f"{type(prepared).__name__}"
+        )
+        committable = prepared.committable
         codec = plugin.committable_codec
         return coord, codec.decode(codec.encode(committable), codec.version)
 
@@ -272,8 +283,7 @@ class SinkConformance:
         ws = coord.writer_setup(first[0].schema)
         drive_writers(plugin, options, self.sink_id, 0, [first], ws)  # result lost
         results = drive_writers(plugin, options, self.sink_id, 0, [first, self.batches(5, 5)], ws)
-        committable = coord.pre_commit(0, results, [])
-        coord.commit(0, committable)
+        coord.commit(0, coord.pre_commit(0, results).committable)
         assert self._ids(options) == list(range(10))
         self._recover(plugin, options, first_epoch=1)
         assert self._ids(options) == list(range(10))
@@ -307,7 +317,7 @@ class SinkConformance:
             parts = [self.batches(start, 5), self.batches(start + 5, 5)]
             ws = rt.coordinator.writer_setup(parts[0][0].schema)
             results = drive_writers(plugin, options, self.sink_id, epoch, parts, ws)
-            c, fig = rt.pre_commit(epoch, results, [], rows=10, write_s=0.0)
+            c, fig = rt.pre_commit(epoch, results, rows=10, write_s=0.0)
             rt.commit_epoch(epoch, c, fig)
 
         rt = self._recover(plugin, options, first_epoch=0)

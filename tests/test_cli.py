@@ -60,7 +60,7 @@ def test_spark_log_level_default_env_and_parameter(
     """Spark's level: ERROR by default, EOSINK_SPARK_LOG_LEVEL, then log_level=; the log4j2
     file the JVM starts with carries it (a second demo run at WARN would cost ~30-60 s: the
     WARN lines coming back is checked by hand)."""
-    from eosink._spark import _log4j2_file, _spark_log_level
+    from eosink._session import _log4j2_file, _spark_log_level
 
     monkeypatch.setenv("EOSINK_HOME", str(tmp_path))
     monkeypatch.delenv("EOSINK_SPARK_LOG_LEVEL", raising=False)

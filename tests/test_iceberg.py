@@ -372,7 +372,7 @@ def test_snapshot_expiry_keeps_the_newest(tmp_path: Path) -> None:
         results = drive_writers(
             plugin, opts, "expiry", e, [[batch]], coord.writer_setup(batch.schema)
         )
-        committables[e] = coord.pre_commit(e, results, [])
+        committables[e] = coord.pre_commit(e, results).committable
         coord.commit(e, committables[e])
     table = _table(tmp_path)
     assert len(table.snapshots()) == 5

@@ -50,7 +50,7 @@ def _write_epoch(coord: Any, epoch: int, ids: list[int]) -> dict[str, Any]:
     batch = pa.record_batch({"id": pa.array(ids, pa.int64())})
     setup = coord.writer_setup(batch.schema)
     results = drive_writers(plugin, coord.opts, coord.sink_id, epoch, [[batch]], setup)
-    return coord.pre_commit(epoch, results, [])  # type: ignore[no-any-return]
+    return coord.pre_commit(epoch, results).committable  # type: ignore[no-any-return]
 
 
 def _parquet(tmp_path: Path) -> list[Path]:
@@ -234,7 +234,7 @@ def test_new_columns_are_optional_and_promotions_keep_required(tmp_path: Path) -
 
     batch = pa.record_batch([pa.array([1, 2], pa.int64()), pa.array(["a", "b"])], schema=schema)
     results = drive_writers(eosink.get_sink("iceberg"), coord.opts, SINK_ID, 0, [[batch]], setup)
-    coord.commit(0, coord.pre_commit(0, results, []))
+    coord.commit(0, coord.pre_commit(0, results).committable)
     s = _table(tmp_path).schema()
     assert s.find_field("n").required and str(s.find_field("n").field_type) == "long"
     assert s.find_field("extra").optional

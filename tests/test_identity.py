@@ -232,7 +232,7 @@ def test_gc_through_the_runtime_then_replay(tmp_path: Path) -> None:
     rt.start()
     rt.lineage = "L1"
     for e in range(130):
-        c, fig = rt.pre_commit(e, [], [], rows=0, write_s=0.0)
+        c, fig = rt.pre_commit(e, [], rows=0, write_s=0.0)
         rt.commit_epoch(e, c, fig)
     assert store.count_rows("gc") == 40  # epochs <= 89 collected at the 100th commit
     assert store.epoch("gc", 5) is None

@@ -114,7 +114,7 @@ def test_epoch_committed_hook_reaches_plugins(tmp_path: Path) -> None:
             MetaStore(f"sqlite:///{tmp_path / 'm.db'}"),
         )
         rt.start()
-        c, _ = rt.pre_commit(0, [], [], rows=0, write_s=0.0)
+        c, _ = rt.pre_commit(0, [], rows=0, write_s=0.0)
         rt.commit_epoch(0, c)
     finally:
         pm.unregister(listener)
@@ -205,7 +205,7 @@ def test_partition_values_cannot_escape_path(tmp_path: Path) -> None:
     batch = pa.record_batch({"k": pa.array(values), "n": pa.array(range(len(values)))})
     results = drive_writers(plugin, opts, "esc", 0, [[batch]])
     coord = plugin.coordinator_factory(opts, "esc")
-    coord.commit(0, coord.pre_commit(0, results, []))
+    coord.commit(0, coord.pre_commit(0, results).committable)
     root = (tmp_path / "out").resolve()
     files = [p for p in root.rglob("*.parquet")]
     assert len(files) == len(values) - 1  # "" and None share the default partition
@@ -362,8 +362,8 @@ def test_executor_imports_stay_light() -> None:
     code = (
         "import sys, eosink_file.plugin, eosink._tasks\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('sqlalchemy', 'alembic')"
-        " or m in ('eosink._protocol', 'eosink._metastore', 'eosink._spark',"
-        " 'eosink._datasource', 'pyspark.sql.datasource'))\n"
+        " or m in ('eosink._protocol', 'eosink._metastore', 'eosink._run', 'eosink._session',"
+        " 'eosink._write', 'eosink._datasource', 'pyspark.sql.datasource'))\n"
         "assert not heavy, heavy\n"
         "from eosink import run, EpochFigures\n"
         "assert 'sqlalchemy' in sys.modules and callable(run)\n"

@@ -275,15 +275,15 @@ def test_partition_values_escaped_end_to_end(spark, tmp_path: Path) -> None:
 def test_zombie_coordinator_cannot_commit(spark, tmp_path: Path, metastore_url: str) -> None:
     from eosink._metastore import MetaStore
     from eosink._protocol import SinkRuntime
-    from eosink._spark import write_epoch
+    from eosink._write import write_epoch
 
     plugin = eosink.get_sink("file")
     out = tmp_path / "out"
     opts = plugin.parse_options({"path": str(out)})
     zombie = SinkRuntime(plugin, opts, "zombie-test", MetaStore(metastore_url))
     zombie.start()
-    results, rows, secs = write_epoch(spark.range(20), plugin, opts, "zombie-test", 0)
-    committable, _ = zombie.pre_commit(0, results, [], rows=rows, write_s=secs)
+    w = write_epoch(spark.range(20), plugin, opts, "zombie-test", 0, None, zombie.coordinator)
+    committable, _ = zombie.pre_commit(0, w.results, rows=w.rows, write_s=w.seconds)
     live = SinkRuntime(plugin, opts, "zombie-test", MetaStore(metastore_url))
     live.start()
     with pytest.raises(FencedError):
@@ -291,25 +291,6 @@ def test_zombie_coordinator_cannot_commit(spark, tmp_path: Path, metastore_url: 
     assert read_ids(out) == []  # the zombie published nothing
     live.recover(first_epoch=1)  # the new coordinator finishes the checkpointed epoch
     assert read_ids(out) == list(range(20))
-
-
-def test_add_columns_are_reported(tmp_path: Path) -> None:
-    from eosink._metastore import MetaStore
-    from eosink._protocol import SinkRuntime
-
-    plugin = eosink.get_sink("file")
-    rt = SinkRuntime(
-        plugin,
-        plugin.parse_options({"path": str(tmp_path / "o")}),
-        "cols",
-        MetaStore(f"sqlite:///{tmp_path / 'm.db'}"),
-    )
-    rt.start()
-    s1 = pa.schema([("id", pa.int64())])
-    s2 = s1.append(pa.field("extra", pa.string()))
-    assert rt.add_columns(s1) == []
-    assert [f.name for f in rt.add_columns(s2)] == ["extra"]
-    assert rt.add_columns(s2) == []
 
 
 def test_datasource_batch_and_stream(spark, tmp_path: Path, metastore_url: str) -> None:

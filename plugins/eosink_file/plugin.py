@@ -35,6 +35,7 @@ import eosink
 from eosink import (
     CoordinatedSinkWriter,
     JsonCodec,
+    Prepared,
     SchemaMismatchError,
     SinkCommitCoordinator,
     SinkError,
@@ -414,9 +415,7 @@ class FileCoordinator(
             self.read_marker()
         return int((self._marker or {}).get("last_epoch", -1))
 
-    def pre_commit(
-        self, epoch: int, results: Sequence[dict[str, Any]], add_columns: Sequence[pa.Field]
-    ) -> dict[str, Any]:
+    def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
         token = uuid.uuid4().hex[:12]
         ext = _EXT[self.opts.format]
         files = []
@@ -434,7 +433,11 @@ class FileCoordinator(
                     "end_epoch": epoch,
                 }
             )
-        return {"files": files, "token": token}
+        return Prepared(
+            {"files": files, "token": token},
+            files=len(files),
+            bytes=sum(int(f["bytes"]) for f in files),
+        )
 
     def commit(self, epoch: int, committable: dict[str, Any]) -> None:
         if epoch > self._last_epoch():

@@ -755,11 +755,15 @@ class IcebergCoordinator(
 
     # -- phases --------------------------------------------------------------------------
     def pre_commit(
-        self, epoch: int, results: Sequence[dict[str, Any]], add_columns: Sequence[pa.Field]
-    ) -> dict[str, Any]:
+        self, epoch: int, results: Sequence[dict[str, Any]]
+    ) -> eosink.Prepared[dict[str, Any]]:
         files = [f for r in results for f in r["files"]]
         evolve = next((r["evolve"] for r in results if r.get("evolve")), None)
-        return {"files": files, "table": self.opts.table, "evolve": evolve}
+        return eosink.Prepared(
+            {"files": files, "table": self.opts.table, "evolve": evolve},
+            files=len(files),
+            bytes=sum(int(f["file_size_in_bytes"]) for f in files),
+        )
 
     def _last_epoch(self, table: Any) -> int:
         return int(table.properties.get(self.prop, "-1"))

@@ -68,12 +68,11 @@ class Coordinator(
         self.root.mkdir(parents=True, exist_ok=True)
 
     def pre_commit(
-        self, epoch: int, results: Sequence[dict[str, Any]], add_columns: Sequence[pa.Field]
-    ) -> dict[str, Any]:
-        return {
-            "files": sorted(r["file"] for r in results if r["rows"]),
-            "rows": sum(r["rows"] for r in results),
-        }
+        self, epoch: int, results: Sequence[dict[str, Any]]
+    ) -> eosink.Prepared[dict[str, Any]]:
+        files = sorted(r["file"] for r in results if r["rows"])
+        committable = {"files": files, "rows": sum(r["rows"] for r in results)}
+        return eosink.Prepared(committable, files=len(files))
 
     def commit(self, epoch: int, committable: dict[str, Any]) -> None:
         final = self.root / f"epoch-{epoch:08d}.jsonl"

@@ -1,0 +1,257 @@
+"""``eosink.run``: the batch and streaming flows of the first front end.
+
+The other front end is ``format("eosink")`` (``eosink/_datasource.py``); both drive epochs
+through :class:`~eosink._protocol.Epoch`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any, Literal
+
+import pyarrow as pa
+
+from ._checkpoint import CheckpointDir
+from ._handles import BatchResult, StreamingHandle
+from ._metastore import MetaStore, default_url
+from ._protocol import AsyncCommitter, Epoch, EpochFigures, SinkRuntime
+from ._session import arrow_schema
+from ._write import Written, write_epoch
+from .errors import ConfigError
+from .registry import get_sink
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger("eosink")
+
+__all__ = ["CommitMode", "run"]
+
+CommitMode = Literal["after_checkpoint", "inline"]
+
+
+def run(
+    df: DataFrame,
+    sink: str,
+    *,
+    sink_id: str | None = None,
+    metastore_url: str | None = None,
+    checkpoint_location: str | None = None,
+    trigger: dict[str, Any] | None = None,
+    epoch: int | None = None,
+    commit_mode: CommitMode = "after_checkpoint",
+    new_checkpoint: Literal["refuse", "continue"] = "refuse",
+    query_name: str | None = None,
+    metastore_retry_s: float = 60.0,
+    **sink_options: Any,
+) -> BatchResult | StreamingHandle:
+    """Write ``df`` to a sink exactly once.
+
+    Args:
+        df: a batch or streaming DataFrame.
+        sink: the sink name (``eosink plugins`` lists them).
+        sink_id: stable name of this logical sink; keys all persisted state. Default derived
+            from the sink and its target (e.g. ``file:/data/out``). Never a Spark query id.
+        metastore_url: SQLAlchemy URL of the meta store. Default ``EOSINK_METASTORE_URL``,
+            else ``$EOSINK_HOME/metastore.db`` (``~/.eosink``): one store for the batch and
+            streaming runs of a sink. An in-memory SQLite URL is refused.
+        checkpoint_location: streaming only, required: Spark's checkpoint directory.
+        trigger: streaming only: ``{"processingTime": "5 seconds"}``, ``{"availableNow": True}``,
+            ``{"once": True}``. Default: as fast as possible.
+        epoch: batch only: the epoch to write. A re-run of an epoch that a batch run
+            committed is a no-op (idempotent batch jobs); an epoch never written is written,
+            also below the newest one (a backfill). An epoch that a streaming query of the
+            sink used, or that eosink cannot tell about, is refused
+            (:class:`SinkIdentityError`). Default: the next free epoch.
+        commit_mode: ``after_checkpoint`` (default: phase 2 runs after Spark's checkpoint, off
+            the batch's critical path) or ``inline`` (commit inside the batch, after
+            persisting; lower visibility lag, longer batches).
+        new_checkpoint: streaming: what to do when ``checkpoint_location`` is new but the sink
+            already has committed epochs: ``refuse`` (default, raises
+            :class:`NewCheckpointError`) or ``continue`` on a new epoch range.
+        query_name: streaming query name.
+        metastore_retry_s: how long an unreachable meta store is retried (backoff up to 5 s)
+            before the run fails with :class:`MetaStoreUnavailableError`.
+        **sink_options: the sink's options, validated by its pydantic model before any job.
+
+    Returns:
+        :class:`BatchResult` for a batch DataFrame, :class:`StreamingHandle` for a streaming one.
+
+    Raises:
+        UnknownSinkError, ConfigError, SchemaMismatchError: before any job starts.
+        MissingExtraError: a ``ConfigError``: the sink's extra is not installed (it names
+            the ``pip install`` to run); before Spark is touched.
+        SinkIdentityError: the sink_id, its target and the meta store disagree (before
+            anything is written).
+        UnfinishedRunError: batch without ``epoch``: an earlier run without one crashed
+            with its data complete; that epoch is committed now and this run not written.
+        MetaStoreUnavailableError: the meta store cannot be reached (nothing is published).
+    """
+    plugin = get_sink(sink)
+    plugin.check_ready()  # a missing extra: MissingExtraError with its pip install, first
+    options = plugin.parse_options(sink_options)
+    if commit_mode not in ("after_checkpoint", "inline"):
+        raise ConfigError(
+            f"commit_mode must be 'after_checkpoint' or 'inline', not {commit_mode!r}"
+        )
+    if new_checkpoint not in ("refuse", "continue"):
+        raise ConfigError(f"new_checkpoint must be 'refuse' or 'continue', not {new_checkpoint!r}")
+    if not metastore_retry_s >= 0:
+        raise ConfigError(f"metastore_retry_s must be >= 0, not {metastore_retry_s!r}")
+    schema = arrow_schema(df)
+    if plugin.validate_schema is not None:
+        plugin.validate_schema(options, schema)
+    sid = sink_id or plugin.default_sink_id(options)
+    streaming = bool(df.isStreaming)
+    if streaming:
+        if epoch is not None:
+            raise ConfigError("epoch= is for batch DataFrames; a stream's epoch is its batchId")
+        if not checkpoint_location:
+            raise ConfigError(
+                "checkpoint_location is required for a streaming DataFrame: it is how Spark "
+                "and eosink resume after a crash"
+            )
+    else:
+        if trigger is not None or checkpoint_location is not None:
+            raise ConfigError("trigger and checkpoint_location are for streaming DataFrames")
+        if epoch is not None and epoch < 0:
+            raise ConfigError(f"epoch must be >= 0, not {epoch}")
+    store = MetaStore(
+        metastore_url or default_url(checkpoint_location if streaming else None),
+        retry_s=metastore_retry_s,
+    )
+    runtime = SinkRuntime(plugin, options, sid, store)
+    try:
+        runtime.start()
+        if not streaming:
+            try:
+                return _run_batch(df, runtime, schema, epoch)
+            finally:
+                runtime.close()
+                store.close()
+        return _start_stream(
+            df,
+            runtime,
+            schema,
+            checkpoint_location or "",
+            trigger,
+            commit_mode,
+            new_checkpoint,
+            query_name,
+        )
+    except BaseException:
+        if streaming:
+            store.close()
+        raise
+
+
+def _run_batch(
+    df: DataFrame, runtime: SinkRuntime, schema: pa.Schema, epoch: int | None
+) -> BatchResult:
+    sid = runtime.sink_id
+    ep = runtime.batch_epoch(epoch)
+    e = ep.epoch
+    if ep.recovered:
+        fig = ep.figures
+        assert fig is not None
+        return BatchResult(sid, e, fig.rows, fig.files, True, recovered=True, figures=fig)
+    if ep.skipped:
+        log.info("sink %s epoch %d: already committed; nothing to do", sid, e)
+        return BatchResult(sid, e, 0, 0, committed=True, skipped=True)
+    log.info("sink %s epoch %d: writing batch DataFrame", sid, e)
+    w = _write_or_discard(df, ep, schema)
+    fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
+    # A batch job has no Spark checkpoint: the durable PENDING row plays that role.
+    ep.commit()
+    return BatchResult(sid, e, w.rows, fig.files, committed=True, figures=fig)
+
+
+def _write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
+    """Run the writers; if any fails, discard what the others staged, then re-raise."""
+    rt = ep.runtime
+    setup = ep.setup(schema)
+    try:
+        return write_epoch(df, rt.plugin, rt.options, rt.sink_id, ep.epoch, setup, rt.coordinator)
+    except BaseException:
+        ep.discard()
+        raise
+
+
+def _start_stream(
+    df: DataFrame,
+    runtime: SinkRuntime,
+    schema: pa.Schema,
+    checkpoint_location: str,
+    trigger: dict[str, Any] | None,
+    commit_mode: str,
+    new_checkpoint: str,
+    query_name: str | None,
+) -> StreamingHandle:
+    spark = df.sparkSession
+    ckpt = CheckpointDir(spark, checkpoint_location)
+    ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
+    base = runtime.open_stream(ckpt, new_checkpoint)
+    last = ckpt.last_committed_batch()
+    first = base + (0 if last is None else last + 1)
+    # Inline mode may have crashed in the middle of a commit: every PENDING epoch holds
+    # complete data, so finish them all; the replayed batch is then skipped (rule 4).
+    runtime.recover(first_epoch=sys.maxsize if commit_mode == "inline" else first)
+    base = runtime.rebase_stream(ckpt, base)
+    sid = runtime.sink_id
+
+    committer = (
+        AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
+        if commit_mode == "after_checkpoint"
+        else None
+    )
+    handle_box: list[StreamingHandle] = []
+
+    def process_batch(batch_df: DataFrame, batch_id: int) -> None:
+        if committer is not None:
+            committer.raise_if_failed()
+            committer.wake()
+        handle = handle_box[0]
+        ep = runtime.stream_epoch(base + batch_id)
+        if ep.recovered:
+            return
+        if ep.skipped:
+            log.info(
+                "sink %s epoch %d (batch %d): replay of a committed epoch; output discarded",
+                sid,
+                ep.epoch,
+                batch_id,
+            )
+            handle.figures.append(EpochFigures(ep.epoch, skipped=True))
+            return
+        w = _write_or_discard(batch_df, ep, arrow_schema(batch_df))
+        fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
+        handle.figures.append(fig)
+        if committer is None:
+            ep.commit()
+        else:
+            committer.submit(ep.epoch, ep.committable, fig)
+
+    writer = df.writeStream.foreachBatch(process_batch).option(
+        "checkpointLocation", checkpoint_location
+    )
+    if trigger:
+        writer = writer.trigger(**trigger)
+    if query_name:
+        writer = writer.queryName(query_name)
+    try:
+        query = writer.start()
+    except BaseException:
+        if committer is not None:
+            committer.close()
+        raise
+    handle = StreamingHandle(query, sid, runtime, committer, base)
+    handle_box.append(handle)
+    log.info(
+        "sink %s: streaming query %s started (epochs = %d + batchId, commit_mode=%s)",
+        sid,
+        query.id,
+        base,
+        commit_mode,
+    )
+    return handle

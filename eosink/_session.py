@@ -1,0 +1,198 @@
+"""Spark set-up: Java found, a session for eosink, Spark's own logging quiet by default."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import shutil
+import sys
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from ._metastore import eosink_home
+from .errors import ConfigError, EosinkError
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("eosink")
+
+__all__ = ["SPARK_LOG_LEVELS", "arrow_schema", "find_java", "spark_session"]
+
+
+def find_java() -> str:
+    """Return JAVA_HOME for Spark, finding Java 17+ if JAVA_HOME is unset.
+
+    Raises:
+        EosinkError: no Java installation found, with how to install one.
+    """
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        return home
+    java = shutil.which("java")
+    if java:
+        return os.path.dirname(os.path.dirname(os.path.realpath(java)))
+    for cand in sorted(glob.glob("/usr/lib/jvm/*/bin/java"), reverse=True):
+        return os.path.dirname(os.path.dirname(cand))
+    raise EosinkError(
+        "Spark needs Java 17 or newer and none was found (no JAVA_HOME, no `java` on PATH). "
+        "Install one, e.g. `apt-get install openjdk-17-jre-headless`, or set JAVA_HOME."
+    )
+
+
+SPARK_LOG_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
+"""The log4j levels ``spark_session(log_level=...)`` and ``EOSINK_SPARK_LOG_LEVEL`` accept."""
+
+_LOG4J2 = """\
+# Written by eosink.spark_session(): Spark's own log level ({level}) from the JVM's start.
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+# pyspark's JVM starts as a shell: Spark takes this logger's level (WARN when it has none)
+# for the console; the root's level keeps it from printing "Setting default log level to".
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = {level}
+# Spark's own defaults for noisy third-party loggers.
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = {jetty}
+logger.parquet.name = org.apache.parquet.CorruptStatistics
+logger.parquet.level = {parquet}
+"""
+
+
+def _spark_log_level(log_level: str | None) -> tuple[str, bool]:
+    """The log level Spark should start at, and whether the caller asked for it explicitly.
+
+    Raises:
+        ConfigError: not a log4j level.
+    """
+    given = log_level or os.environ.get("EOSINK_SPARK_LOG_LEVEL") or None
+    level = (given or "ERROR").strip().upper()
+    if level not in SPARK_LOG_LEVELS:
+        src = "log_level" if log_level else "EOSINK_SPARK_LOG_LEVEL"
+        raise ConfigError(
+            f"{src}={given!r} is not a Spark log level; use one of {', '.join(SPARK_LOG_LEVELS)}"
+        )
+    return level, given is not None
+
+
+def _own_log4j_config(conf: dict[str, str]) -> bool:
+    """Whether the user configures Spark's log4j already (then eosink leaves it alone)."""
+    if os.environ.get("LOG4J_CONFIGURATION_FILE"):
+        return True
+    opts = [os.environ.get("PYSPARK_SUBMIT_ARGS", ""), *conf.values()]
+    if any("log4j2.configurationFile" in o for o in opts):
+        return True
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    return bool(conf_dir and glob.glob(os.path.join(conf_dir, "log4j2*")))
+
+
+def _log4j2_file(level: str) -> str | None:
+    """A log4j2 properties file setting Spark's root level to ``level`` (under
+    ``$EOSINK_HOME/spark``), or None when it cannot be written."""
+
+    def quieter(floor: str) -> str:  # a noisy logger: never more verbose than ``floor``
+        return SPARK_LOG_LEVELS[min(SPARK_LOG_LEVELS.index(level), SPARK_LOG_LEVELS.index(floor))]
+
+    text = _LOG4J2.format(level=level, jetty=quieter("WARN"), parquet=quieter("ERROR"))
+    path = str(eosink_home() / "spark" / f"log4j2-{level.lower()}.properties")
+    try:
+        with open(path) as f:
+            if f.read() == text:
+                return path
+    except OSError:
+        pass
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.debug("cannot write %s (%s): Spark's level is set once it runs", path, exc)
+        return None
+    return path
+
+
+def spark_session(
+    master: str = "local[2]",
+    app_name: str = "eosink",
+    *,
+    log_level: str | None = None,
+    **conf: str,
+) -> SparkSession:
+    """A SparkSession set up for eosink: Java found, executors on this Python, Arrow on.
+
+    Spark's own log lines are quiet by default: its log level is ``ERROR`` from the JVM's
+    first line on (a log4j2 configuration file under ``$EOSINK_HOME/spark`` handed to the JVM
+    through ``LOG4J_CONFIGURATION_FILE``), so start-up warnings (hostname resolving to a
+    loopback address, native-hadoop library, log4j profile...) are not printed. eosink's own
+    logging (logger ``eosink``) is not affected. Your own log4j2 configuration wins: with
+    ``LOG4J_CONFIGURATION_FILE``, ``-Dlog4j2.configurationFile`` in ``PYSPARK_SUBMIT_ARGS``
+    or a Spark setting, or a ``log4j2*`` file in ``SPARK_CONF_DIR``, eosink does not change
+    Spark's logging unless a level is asked for explicitly (then ``setLogLevel``).
+
+    Args:
+        master: Spark master URL (``local[2]``, ``spark://host:7077``...).
+        app_name: application name.
+        log_level: Spark's log level: ``OFF``, ``FATAL``, ``ERROR``, ``WARN``, ``INFO``,
+            ``DEBUG``, ``TRACE`` or ``ALL`` (case-insensitive). Default: the environment
+            variable ``EOSINK_SPARK_LOG_LEVEL``, else ``ERROR``. ``WARN`` brings back what
+            pyspark prints by default. When a SparkContext is already running, an explicit
+            level is applied with ``setLogLevel`` and the default leaves it alone.
+        **conf: extra Spark settings (dots written as ``__``: ``spark__ui__enabled="false"``).
+
+    Raises:
+        ConfigError: ``log_level`` or ``EOSINK_SPARK_LOG_LEVEL`` is not a log level.
+        EosinkError: no Java 17+ found.
+    """
+    level, explicit = _spark_log_level(log_level)
+    os.environ["JAVA_HOME"] = find_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    b = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for k, v in conf.items():
+        b = b.config(k.replace("__", "."), v)
+    running = SparkContext._active_spark_context is not None
+    own = running or _own_log4j_config(conf)
+    config = None if own else _log4j2_file(level)
+    if config:  # read by log4j in the JVM spark-submit starts (inherits this environment)
+        os.environ["LOG4J_CONFIGURATION_FILE"] = config
+    try:
+        spark = b.getOrCreate()
+    finally:
+        if config:
+            os.environ.pop("LOG4J_CONFIGURATION_FILE", None)
+    if (explicit and own) or not (own or config):
+        spark.sparkContext.setLogLevel(level)
+    from ._datasource import register
+
+    register(spark)
+    return spark
+
+
+def arrow_schema(df: DataFrame) -> pa.Schema:
+    """The Arrow schema Spark's ``mapInArrow`` hands to writers for ``df``."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    tz = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+    return to_arrow_schema(df.schema, timezone=tz)

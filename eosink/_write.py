@@ -1,0 +1,140 @@
+"""Writing one epoch's DataFrame: Python writers in Spark tasks, or the native path.
+
+* Python writers: ``mapInArrow`` runs one :class:`~eosink.sink.CoordinatedSinkWriter` per
+  Spark partition (``eosink/_tasks.py``); every row crosses from the JVM into Python.
+* The native path: a coordinator that is a :class:`~eosink.sink.SparkWriter` stages the epoch
+  with Spark's own ``DataFrameWriter`` on the driver; the rows never leave the JVM.
+
+Both give the same write results to ``pre_commit``; the protocol does not know which ran.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._session import arrow_schema
+from ._tasks import _task_fn
+from .errors import EosinkError, SinkError
+from .faults import fault_point
+from .sink import SinkCommitCoordinator, SinkPlugin, SparkWriter
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger("eosink")
+
+__all__ = ["Written", "write_epoch", "writer_kind"]
+
+_RESULT_SCHEMA = "result binary, rows long"
+_told: set[tuple[str, str]] = set()
+
+
+@dataclass(frozen=True)
+class Written:
+    """What writing an epoch gave: the write results, rows, seconds, and which path ran."""
+
+    results: list[Any]
+    rows: int
+    seconds: float
+    writer: str  # "spark" (native path) or "python"
+
+
+def writer_kind(coordinator: SinkCommitCoordinator[Any, Any] | None, df: DataFrame) -> str:
+    """``spark`` when the coordinator stages this DataFrame with Spark's writers, else
+    ``python`` (logged once per sink and reason when the coordinator could but declines)."""
+    if not isinstance(coordinator, SparkWriter):
+        return "python"
+    why = coordinator.spark_write_unsupported(arrow_schema(df))
+    if why is None:
+        return "spark"
+    key = (str(id(coordinator)), why)
+    if key not in _told:
+        _told.add(key)
+        log.info("eosink: Python writers for this sink, not Spark's: %s", why)
+    return "python"
+
+
+def write_epoch(
+    df: DataFrame,
+    plugin: SinkPlugin[Any, Any, Any],
+    options: Any,
+    sink_id: str,
+    epoch: int,
+    setup: Any = None,
+    coordinator: SinkCommitCoordinator[Any, Any] | None = None,
+) -> Written:
+    """Write ``epoch``'s rows (staged, invisible) on the path the sink takes for ``df``.
+
+    Raises:
+        SinkError: writing failed (the message ends with the writer's or Spark's own error).
+    """
+    kind = writer_kind(coordinator, df)
+    t0 = time.perf_counter()
+    try:
+        if kind == "spark":
+            assert isinstance(coordinator, SparkWriter)
+            results, rows = _write_native(df, coordinator, sink_id, epoch, setup)
+        else:
+            results, rows = _write_python(df, plugin, options, sink_id, epoch, setup)
+    except Exception as exc:
+        if isinstance(exc, EosinkError):
+            raise
+        where = "Spark's writer" if kind == "spark" else "a Spark task"
+        raise SinkError(
+            f"sink {sink_id} epoch {epoch}: writing failed in {where}: {_root_cause(exc)}"
+        ) from exc
+    return Written(results, rows, time.perf_counter() - t0, kind)
+
+
+def _write_python(
+    df: DataFrame,
+    plugin: SinkPlugin[Any, Any, Any],
+    options: Any,
+    sink_id: str,
+    epoch: int,
+    setup: Any,
+) -> tuple[list[Any], int]:
+    # mapInArrow resolves each column as df[name], which reads "a.b" as field b of a
+    # column a: hand it positional names and give writers the real ones back.
+    names = df.columns
+    fn = _task_fn(plugin, options, sink_id, epoch, setup, names)
+    plain = df.toDF(*[f"_c{i}" for i in range(len(names))])
+    out = plain.mapInArrow(fn, _RESULT_SCHEMA).collect()
+    codec = plugin.write_result_codec
+    results = [codec.decode(bytes(r["result"]), codec.version) for r in out]
+    return results, sum(int(r["rows"]) for r in out)
+
+
+def _write_native(
+    df: DataFrame, coordinator: SparkWriter[Any], sink_id: str, epoch: int, setup: Any
+) -> tuple[list[Any], int]:
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    # The rows are counted by the write itself (one pass over the data, no second job).
+    obs = Observation(f"eosink_rows_{uuid.uuid4().hex}")
+    observed = df.observe(obs, F.count(F.lit(1)).alias("rows"))
+    attempt = f"spark-{uuid.uuid4().hex[:12]}"
+    results = list(coordinator.write_with_spark(observed, epoch, attempt, setup))
+    fault_point("after_spark_write")
+    jo = getattr(obs, "_jo", None)
+    done = jo is None or bool(jo.future().isCompleted())
+    if not done:  # the plugin never wrote the DataFrame it was given
+        raise SinkError(
+            f"sink {sink_id} epoch {epoch}: write_with_spark returned without writing the "
+            "DataFrame it was given (a plugin contract violation)"
+        )
+    return results, int(obs.get["rows"])
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The last ``SomethingError: message`` line of a Spark failure, else its first line."""
+    text = str(exc)
+    found = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .+)$", text, re.M)
+    causes = [c for c in found if not c.startswith(("PythonException", "Py4JJavaError"))]
+    return causes[-1] if causes else text.strip().splitlines()[0][:300]
