@@ -63,9 +63,9 @@ class Codec(Protocol[T]):
     """Serializes a write result or a committable to bytes, with a version.
 
     Contract:
-        Versioning: ``version`` is stored beside every encoded value. ``decode`` must accept
-        every version it ever wrote, so that a committable persisted by an older eosink can
-        still be committed after an upgrade.
+        * Versioning: ``version`` is stored beside every encoded value. ``decode`` must accept
+            every version it ever wrote, so that a committable persisted by an older eosink
+            can still be committed after an upgrade.
     """
 
     @property
@@ -152,11 +152,11 @@ class CoordinatedSinkWriter(ABC, Generic[R]):
     """Writes the rows of one Spark partition for one epoch. Runs on executors.
 
     Contract:
-        Serialization: a writer is built on the executor by the plugin's writer factory from
+        * Serialization: a writer is built on the executor by the plugin's writer factory from
             picklable options; it never holds a connection opened on the driver.
-        Durability: when ``finish_write`` returns, everything the result refers to is
+        * Durability: when ``finish_write`` returns, everything the result refers to is
             durable (e.g. staged files are flushed and fsync'd) but invisible to readers.
-        Thread safety: one writer is used by one thread.
+        * Thread safety: one writer is used by one thread.
     """
 
     @abstractmethod
@@ -179,15 +179,15 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
     """Turns the write results of an epoch into one visible commit. Runs on the driver.
 
     Contract:
-        Idempotency: ``commit(e, c)`` may be called again after it succeeded (a crash between
+        * Idempotency: ``commit(e, c)`` may be called again after it succeeded (a crash between
             the target's commit and the COMMITTED mark). It detects "already committed" from
             the target itself and then does nothing.
-        Abort: ``abort(e, c)`` never raises and leaves no orphaned data behind. ``c`` is None
+        * Abort: ``abort(e, c)`` never raises and leaves no orphaned data behind. ``c`` is None
             when the epoch crashed before its committable was persisted: delete whatever was
             staged for ``e``.
-        Serialization: committables are encoded by the plugin's committable codec and must be
+        * Serialization: committables are encoded by the plugin's committable codec and must be
             enough, alone, to finish the epoch in a new process.
-        Thread safety: the core calls one method at a time.
+        * Thread safety: the core calls one method at a time.
     """
 
     def init(self) -> None:
@@ -215,9 +215,9 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
             results: the write results of every successful task of the epoch.
 
         Returns:
-            :class:`Prepared`: the committable with the number of files (or other units) and
-            bytes it will publish (shown in figures, ``eosink status`` and logs). Nothing may
-            become visible yet.
+            :class:`Prepared`: the committable with the number of files (or other units)
+                and bytes it will publish (shown in figures, ``eosink status`` and logs).
+                Nothing may become visible yet.
         """
 
     @abstractmethod
@@ -256,14 +256,14 @@ class SparkWriter(ABC, Generic[R]):
     PENDING, checkpoint, ``commit``, recovery) is the same.
 
     Contract:
-        Invisibility: everything is written under a staging location of the sink, derived
+        * Invisibility: everything is written under a staging location of the sink, derived
             from ``(epoch, attempt)``, that readers never see; ``abort(epoch, None)`` deletes
             everything staged for ``epoch`` (the core calls it when the write fails, and at
             recovery for every epoch :meth:`StagedEpochs.staged_epochs` lists).
-        Failed attempts: Spark's commit protocol (``DataFrameWriter``) keeps the files of
+        * Failed attempts: Spark's commit protocol (``DataFrameWriter``) keeps the files of
             failed or speculative task attempts out of the written directory; the results
             list only files of the committed job.
-        Same results: :meth:`write_with_spark` returns results of the shape the sink's
+        * Same results: :meth:`write_with_spark` returns results of the shape the sink's
             Python writers return (``write_result_codec`` encodes them), so ``pre_commit``
             and every later phase are shared by both paths.
     """
@@ -317,10 +317,10 @@ class TargetMarker(ABC):
     ``target``, ``lineage`` (the current streaming lineage or None) and ``epoch_base``.
 
     Contract:
-        Isolation: markers are per sink_id (several sinks may write to one target); a
+        * Isolation: markers are per sink_id (several sinks may write to one target); a
             coordinator reads and writes only its own sink's marker.
-        Durability: :meth:`write_marker` returns once the marker is durable.
-        last_epoch: :meth:`read_marker` adds ``last_epoch``: the newest epoch whose commit
+        * Durability: :meth:`write_marker` returns once the marker is durable.
+        * last_epoch: :meth:`read_marker` adds ``last_epoch``: the newest epoch whose commit
             reached the target, or -1. ``commit`` maintains it itself, at the latest
             atomically with making the epoch visible (a table property in the same
             snapshot, a marker rewritten before the files are published), and never lowers

@@ -102,7 +102,9 @@ class SinkConformance:
     """Base class of a plugin's conformance tests. See the module docstring."""
 
     sink_name: str = ""
+    """The sink under test, as registered (``sink=``). Required."""
     sink_id: str = "conformance:test"
+    """The sink_id the suite writes with (keys its meta store rows)."""
 
     # -- to implement ------------------------------------------------------------------
     def make_options(self, tmp_path: Path) -> dict[str, Any]:
