@@ -83,6 +83,43 @@ def test_plugin_docs_ship_the_example_plugin_verbatim() -> None:
     assert f"```python\n{src}```" in (ROOT / "docs" / "plugins.md").read_text()
 
 
+def test_plugin_docs_examples_type_check(tmp_path: Path) -> None:
+    """Every Python example of docs/plugins.md, the complete plugin included, is a module
+    that passes ``mypy --strict`` against this eosink (``...`` standing for a body is
+    allowed). A canary module with a known error proves that eosink's types were seen (with
+    ``--ignore-missing-imports`` an eosink mypy cannot find would be ``Any`` and pass)."""
+    text = (ROOT / "docs" / "plugins.md").read_text()
+    example = (ROOT / "tests" / "example_plugin" / "eosink_example" / "__init__.py").read_text()
+    files = []
+    for m in re.finditer(r"^```python\n(.*?)^```$", text, re.M | re.S):
+        line = text.count("\n", 0, m.start(1)) + 1
+        f = tmp_path / f"plugins_md_line_{line}.py"  # its line k is line + k - 1 of the doc
+        f.write_text(m.group(1))
+        files.append(f)
+    assert example in [f.read_text() for f in files], "the complete example is not a block"
+    assert len(files) >= 5
+    canary = tmp_path / "canary.py"
+    canary.write_text("import eosink\n\nx: int = eosink.Prepared(0)\n")
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--ignore-missing-imports",
+            "--disable-error-code=empty-body",
+            "--no-error-summary",
+            f"--cache-dir={ROOT / '.mypy_cache' / 'docs-examples'}",
+            *map(str, [*files, canary]),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    errors = [ln for ln in res.stdout.splitlines() if ": error:" in ln]
+    assert [e.split(":")[0] for e in errors] == ["canary.py"], res.stdout + res.stderr
+
+
 # -- docstrings of the public API, and the plugin docs of every hook ----------------------------
 def _public_modules() -> list[ModuleType]:
     """``eosink`` and every module of it whose name does not start with ``_``."""
