@@ -83,6 +83,32 @@ def test_plugin_docs_ship_the_example_plugin_verbatim() -> None:
     assert f"```python\n{src}```" in (ROOT / "docs" / "plugins.md").read_text()
 
 
+def test_api_reference_error_tree_is_the_hierarchy() -> None:
+    """The tree of docs/api.md names every error of ``eosink.errors`` under its eosink base
+    class, with its other bases and ``transient`` as the classes say."""
+    from eosink import errors
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    tree = text.split("```text\nEosinkError\n", 1)[1].split("```", 1)[0]
+    shown: dict[str, tuple[str, str]] = {}
+    parents = ["EosinkError"]
+    for line in tree.splitlines():
+        m = re.fullmatch(r"([│ ]*)[├└]── (\w+)(?: \((.+)\))?", line)
+        assert m, line
+        depth = len(m.group(1)) // 4
+        parents[depth + 1 :] = [m.group(2)]
+        shown[m.group(2)] = (parents[depth], m.group(3) or "")
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if cls is errors.EosinkError:
+            continue
+        base = next(b for b in cls.__bases__ if issubclass(b, errors.EosinkError))
+        notes = [b.__name__ for b in cls.__bases__ if not issubclass(b, errors.EosinkError)]
+        notes += ["transient"] if cls.transient and not base.transient else []
+        assert shown.get(name) == (base.__name__, ", ".join(notes)), name
+    assert set(shown) == set(errors.__all__) - {"EosinkError"}
+
+
 def test_plugin_docs_examples_type_check(tmp_path: Path) -> None:
     """Every Python example of docs/plugins.md, the complete plugin included, is a module
     that passes ``mypy --strict`` against this eosink (``...`` standing for a body is
