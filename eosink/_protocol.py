@@ -381,7 +381,13 @@ class SinkRuntime:
             sink = self.store.sink(self.sink_id)
             decision = SKIP if sink is not None and epoch <= sink.gc_floor else WRITE
         elif rec.status == ABORTED:
-            self._finish_aborted(rec)
+            if not self._finish_aborted(rec):
+                raise SinkError(
+                    f"sink {self.sink_id} epoch {epoch}: the {self.plugin.name!r} plugin's abort "
+                    "of this epoch's earlier attempt raised (logged above; a plugin contract "
+                    "violation), so it cannot be written again: nothing of it was written. "
+                    "Fix what the abort needs and restart; it is retried first"
+                )
             decision = WRITE
         else:
             decision = SKIP if rec.status == COMMITTED else FINISH
@@ -544,7 +550,8 @@ class SinkRuntime:
             (time.perf_counter() - t0) * 1000,
         )
 
-    def _finish_aborted(self, rec: Any) -> None:
+    def _finish_aborted(self, rec: Any) -> bool:
+        """Abort an ABORTED epoch's staged data and delete its row; False if the abort raised."""
         c = (
             self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
             if rec.committable is not None
@@ -555,6 +562,8 @@ class SinkRuntime:
             fault_point("recovery_before_finish_abort")
             self.store.finish_abort(self.sink_id, self.generation, rec.epoch)
             log.info("sink %s epoch %d: ABORTED, staged data deleted", self.sink_id, rec.epoch)
+            return True
+        return False
 
     def discard(self, epoch: int) -> None:
         """Delete what was staged for ``epoch`` (no committable): failed writers, a skip."""

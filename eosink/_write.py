@@ -135,6 +135,9 @@ def _write_native(
 def _root_cause(exc: BaseException) -> str:
     """The last ``SomethingError: message`` line of a Spark failure, else its first line."""
     text = str(exc)
+    java = re.findall(r"^\s*Caused by: (?:[\w.$]+\.)?(\w+(?:Error|Exception): .+)$", text, re.M)
+    if java:  # a JVM failure: its innermost cause says what went wrong
+        return str(java[-1])[:500]
     found = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .+)$", text, re.M)
     causes = [c for c in found if not c.startswith(("PythonException", "Py4JJavaError"))]
     return causes[-1] if causes else text.strip().splitlines()[0][:300]

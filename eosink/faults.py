@@ -7,6 +7,7 @@ separated by commas. Unarmed (the normal case), :func:`fault_point` is one dict 
 Driver points, in protocol order:
 
 =====================  =============================================================
+after_spark_write      native path: Spark's writers staged the epoch; no result checked
 after_write_results    every writer finished; the driver has the results, nothing built
 after_pre_commit       committable built, not persisted
 after_persist          PENDING durable; Spark has not checkpointed the epoch yet
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 DRIVER_FAULT_POINTS = (
+    "after_spark_write",
     "after_write_results",
     "after_pre_commit",
     "after_persist",

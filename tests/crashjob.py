@@ -46,6 +46,7 @@ def main() -> int:
     p.add_argument("--partition-by", default="")
     p.add_argument("--format", default="parquet")
     p.add_argument("--sink", default="file", choices=["file", "iceberg"])
+    p.add_argument("--writer", default="", help="the sink's writer option (default: its own)")
     p.add_argument("--catalog-uri", default="", help="iceberg: SQL catalog URL (default SQLite)")
     p.add_argument("--catalog-json", default="", help="iceberg: all catalog properties, JSON")
     a = p.parse_args()
@@ -80,6 +81,8 @@ def main() -> int:
             opts["warehouse"] = a.out
     if a.partition_by:
         opts["partition_by"] = a.partition_by.split(",")
+    if a.writer:
+        opts["writer"] = a.writer
     if a.mode == "batch":
         df = spark.read.schema(schema).parquet(a.input).repartition(3)
         r = eosink.run(df, sink=a.sink, epoch=5, **opts)

@@ -1,7 +1,8 @@
 """The same machinery, unchanged, on a multi-process Spark cluster on 127.0.0.1.
 
 ``local-cluster[2,1,1024]`` starts a master and two executor JVMs as separate processes:
-writers run in the executors' Python workers, the coordinator in the driver.
+writers run in the executors (Spark's own writers for the stream, Python writers in the
+executors' Python workers for the batch job), the coordinator in the driver.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def _executors(log: str) -> int:
 
 @pytest.mark.parametrize("mode", ["stream", "batch"])
 def test_cluster_exactly_once_after_driver_crash(tmp_path: Path, pg_url: str, mode: str) -> None:
-    job = Job(tmp_path, mode, pg_url, master=MASTER, partition_by="grp")
+    writer = "python" if mode == "batch" else "spark"
+    job = Job(tmp_path, mode, pg_url, master=MASTER, partition_by="grp", writer=writer)
     expected = make_input(job.input)
     fault = "after_persist@2" if mode == "stream" else "mid_commit"
     assert job.run(fault=fault) == -9, job.last_log()

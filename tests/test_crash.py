@@ -5,6 +5,11 @@ there (exit -9). The driver is restarted until it exits 0; then independent read
 here, Spark in test_crash_spark_reader) compare the output with the input: nothing lost,
 nothing duplicated, no staged file left behind, no PENDING epoch left in the meta store.
 
+Writer kinds: ``eosink.run`` flows take the file sink's native path by default (Spark's own
+writers stage each epoch; fault point ``after_spark_write``); the Python writers (tasks,
+fault points ``task_*``) run in the ``format("eosink")`` cases, in the ``PYTHON_WRITER``
+chains and in the executor-kill cases.
+
 The whole matrix runs on the SQLite meta store; a representative subset (a crash while
 aborting in the batch and stream flows, one format("eosink") case, random-instant kills and
 the Iceberg cases of test_iceberg_crash.py) runs on PostgreSQL. The meta store's own
@@ -27,7 +32,13 @@ pytestmark = pytest.mark.crash
 # after the restart recovered from the previous crash, so a chain of single points covers what
 # one case per point would, with fewer driver starts.
 STREAM_FAULTS = [
-    ["after_write_results@2", "after_pre_commit@2", "after_persist@2", "before_commit@2"],
+    [
+        "after_spark_write@2",
+        "after_write_results@2",
+        "after_pre_commit@2",
+        "after_persist@2",
+        "before_commit@2",
+    ],
     ["mid_commit@2", "after_commit@2", "after_mark_committed@2"],
     # A crash leaves an aborted epoch; the next start dies while aborting it.
     ["after_persist@3", "mid_abort"],
@@ -49,7 +60,13 @@ STREAM_FAULTS = [
 # die while finishing the PENDING epoch the third left (before, inside, after its commit,
 # after COMMITTED).
 BATCH_FAULTS = [
-    ["after_write_results", "after_pre_commit", "after_persist", "before_commit"],
+    [
+        "after_spark_write",
+        "after_write_results",
+        "after_pre_commit",
+        "after_persist",
+        "before_commit",
+    ],
     ["after_persist", "mid_commit", "after_commit", "after_mark_committed"],
     ["after_pre_commit", "mid_abort"],
 ]
@@ -66,6 +83,13 @@ ON_POSTGRES = [
 DS_ON_POSTGRES = [["mid_commit@2"]]
 # After these, the finished job is run once more: replays of committed epochs change nothing.
 RERUN = [STREAM_FAULTS[1], BATCH_FAULTS[1]]
+# The same protocol with the Python writers (writer="python") in the run() flows.
+PYTHON_WRITER = [
+    pytest.param(
+        "stream", ["after_write_results@2", "after_persist@2", "mid_commit@3"], id="stream"
+    ),
+    pytest.param("batch", ["after_write_results", "after_persist", "mid_commit"], id="batch"),
+]
 
 
 def _cases(matrix: list[list[str]], on_postgres: list[list[str]] = ON_POSTGRES) -> list[object]:
@@ -134,6 +158,13 @@ def test_batch_crash(
     _crash_and_recover(job, faults, expected, partitioned=True)
 
 
+@pytest.mark.parametrize(("mode", "faults"), PYTHON_WRITER)
+def test_python_writer_crash(tmp_path: Path, mode: str, faults: list[str]) -> None:
+    job = Job(tmp_path, mode, f"sqlite:///{tmp_path / 'm.db'}", partition_by="grp", writer="python")
+    expected = make_input(job.input, files=3 + len(faults))
+    _crash_and_recover(job, faults, expected, partitioned=True)
+
+
 @pytest.mark.parametrize(("store", "faults"), _cases(INLINE_FAULTS))
 def test_stream_inline_crash(
     request: pytest.FixtureRequest, tmp_path: Path, store: str, faults: list[str]
@@ -158,7 +189,9 @@ def test_datasource_stream_crash(
 def test_executor_task_killed_is_retried(tmp_path: Path, point: str) -> None:
     """A task's Python worker dies before finish_write, or after it (its files are durable,
     its result never reaches the driver); Spark retries it; exactly once, nothing left."""
-    job = Job(tmp_path, "stream", f"sqlite:///{tmp_path / 'm.db'}", master="local[2,3]")
+    job = Job(
+        tmp_path, "stream", f"sqlite:///{tmp_path / 'm.db'}", master="local[2,3]", writer="python"
+    )
     expected = make_input(job.input, files=3)
     assert job.run(fault=point) == 0, job.last_log()
     assert point in job.fired()

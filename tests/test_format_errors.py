@@ -124,7 +124,7 @@ def _seen(err: BaseException) -> str:
 
 _BAD = (
     "eosink.errors.ConfigError: invalid options for sink 'file': compression: 'zzz' is not "
-    "a Parquet codec that pyarrow can write here; use one of: "
+    "a codec for format='parquet'; use one of: "
 )
 
 

@@ -19,6 +19,7 @@ from eosink import (
     MetaStoreUnavailableError,
     NewCheckpointError,
     SchemaMismatchError,
+    SinkError,
     StreamingHandle,
     UnknownSinkError,
 )
@@ -227,7 +228,7 @@ def test_bad_input_fails_before_any_job(spark, tmp_path: Path) -> None:
     with pytest.raises(SchemaMismatchError, match="'nope'"):
         eosink.run(df, sink="file", path=str(out), partition_by=["nope"], metastore_url=url)
     with pytest.raises(ConfigError, match="format"):
-        eosink.run(df, sink="file", path=str(out), format="orc", metastore_url=url)
+        eosink.run(df, sink="file", path=str(out), format="avro", metastore_url=url)
     with pytest.raises(UnknownSinkError, match="installed sinks: file, iceberg, jsonl_dir"):
         eosink.run(df, sink="nope", path=str(out))
     with pytest.raises(ConfigError, match="checkpoint_location is required"):
@@ -251,8 +252,11 @@ def test_metastore_unreachable_publishes_nothing(spark, tmp_path: Path) -> None:
     assert read_ids(out) == []
 
 
-def test_partition_values_escaped_end_to_end(spark, tmp_path: Path) -> None:
-    rows = [(1, "a/b"), (2, ".."), (3, "../../x"), (4, "nul\x00char"), (5, None), (6, "ok")]
+@pytest.mark.parametrize("writer", ["spark", "python"])
+def test_partition_values_escaped_end_to_end(spark, tmp_path: Path, writer: str) -> None:
+    rows = [(1, "a/b"), (2, ".."), (3, "../../x"), (5, None), (6, "ok")]
+    if writer == "python":  # Spark's own writer cannot write a NUL into a directory name
+        rows.append((4, "nul\x00char"))
     df = spark.createDataFrame(rows, "id long, k string")
     out = tmp_path / "out"
     eosink.run(
@@ -261,6 +265,7 @@ def test_partition_values_escaped_end_to_end(spark, tmp_path: Path) -> None:
         path=str(out),
         partition_by=["k"],
         epoch=0,
+        writer=writer,
         metastore_url=f"sqlite:///{tmp_path / 'm.db'}",
     )
     root = out.resolve()
@@ -270,6 +275,28 @@ def test_partition_values_escaped_end_to_end(spark, tmp_path: Path) -> None:
         assert not landing.exists(), landing
     back = {r.id: r.k for r in spark.read.parquet(str(out)).collect()}
     assert back == dict(rows)
+
+
+def test_native_write_failure_is_clear_and_leaves_nothing(spark, tmp_path: Path) -> None:
+    """Spark's writer fails (a NUL in a partition value): the error says why, in one line, and
+    nothing is published or left staged; writer='python' writes it."""
+    df = spark.createDataFrame([(1, "nul\x00char"), (2, "ok")], "id long, k string")
+    out = tmp_path / "out"
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    with pytest.raises(SinkError, match=r"writing failed in Spark's writer: IOException: Mkdirs"):
+        eosink.run(df, sink="file", path=str(out), partition_by=["k"], epoch=0, metastore_url=url)
+    assert [p for p in out.rglob("*") if p.is_file() and "_eosink" not in p.parts] == []
+    assert list((out / "_eosink_staging").rglob("*.parquet")) == []
+    r = eosink.run(
+        df,
+        sink="file",
+        path=str(out),
+        partition_by=["k"],
+        epoch=0,
+        writer="python",
+        metastore_url=url,
+    )
+    assert r.rows == 2 and r.figures is not None and r.figures.writer == "python"
 
 
 def test_zombie_coordinator_cannot_commit(spark, tmp_path: Path, metastore_url: str) -> None:

@@ -53,10 +53,10 @@ def test_unknown_compression_lists_the_codecs(spark: Any, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("fmt", ["json", "csv"])
-def test_compression_applies_to_parquet_only(spark: Any, tmp_path: Path, fmt: str) -> None:
-    err = _fails_before_anything(spark, tmp_path, format=fmt, compression="gzip")
-    assert "compression='gzip' applies to format='parquet' only" in str(err)
-    assert f"format={fmt!r}" in str(err)
+def test_compression_is_checked_per_format(spark: Any, tmp_path: Path, fmt: str) -> None:
+    err = _fails_before_anything(spark, tmp_path, format=fmt, compression="zstd")
+    assert f"compression: 'zstd' is not a codec for format={fmt!r}" in str(err)
+    assert "use one of: none, gzip, bzip2" in str(err)
 
 
 def test_compression_spellings() -> None:
@@ -272,24 +272,28 @@ def test_option_errors_say_field_value_and_what_is_allowed(tmp_path: Path) -> No
     path = str(tmp_path / "out")
     assert _option_error(sink, {"path": path, "format": "xml"}) == (
         "invalid options for sink 'file': "
-        "format: input should be 'parquet', 'json' or 'csv' (given: 'xml')"
+        "format: input should be 'parquet', 'orc', 'json', 'csv' or 'text' (given: 'xml')"
     )
     text = _option_error(sink, {"path": path, "fsync": "maybe", "colour": "red"})
     assert "fsync: input should be a valid boolean" in text and "(given: 'maybe')" in text
     # An unknown key's value is never shown: a misspelt credential key is still a credential.
     assert "colour: unknown option;" in text and "red" not in text
-    assert "the options are: path, format, partition_by, compression, fsync" in text
+    assert (
+        "the options are: path, format, partition_by, compression, writer, format_options, fsync"
+        in text
+    )
     assert _option_error(sink, {"format": "json"}) == (
         "invalid options for sink 'file': path: required, not given"
     )
     # A validator's own message already shows the value: it is not repeated.
     text = _option_error(sink, {"path": path, "compression": "zzz"})
-    assert text.count("'zzz'") == 1 and "compression: 'zzz' is not a Parquet codec" in text
+    assert text.count("'zzz'") == 1
+    assert "compression: 'zzz' is not a codec for format='parquet'" in text
     # A model validator (no single field) keeps its message.
-    text = _option_error(sink, {"path": path, "format": "csv", "compression": "gzip"})
+    text = _option_error(sink, {"path": path, "writer": "python", "format_options": {"a": "b"}})
     assert text.endswith(
-        ": compression='gzip' applies to format='parquet' only; "
-        "format='csv' files are written uncompressed (drop compression)"
+        ": format_options are options of Spark's writers; writer='python' does not use "
+        "them (drop them, or use writer='auto')"
     )
 
 

@@ -1,12 +1,17 @@
-"""The ``file`` sink: Parquet, JSON lines or CSV files under a local directory, exactly once.
+"""The ``file`` sink: Parquet, ORC, JSON lines, CSV or text files under a local directory.
 
 Layout under ``path``::
 
-    _eosink_staging/<sink key>/<epoch>/<task attempt>/<partition dirs>/f<n>.<ext>   (staged)
+    _eosink_staging/<sink key>/<epoch>/<attempt>/<partition dirs>/<file>           (staged)
     <col=value>/.../part-<epoch>-<n>-<token>.<ext>                                (published)
+    _eosink/<sink key>.json                                    (the sink's marker)
+    _eosink/commits/<sink key>/<epoch>.json                    (the epoch's manifest)
 
-Readers (Spark, pyarrow, pandas) ignore directories starting with ``_``, so staged files are
-invisible. ``commit`` publishes each staged file with an atomic rename (fsync'd) and is
+Two writer kinds stage an epoch: Spark's own ``DataFrameWriter`` on the driver (the native
+path, :class:`~eosink.sink.SparkWriter`; the rows never leave the JVM) or Python writers in
+Spark tasks (``format("eosink")``, or ``writer="python"``). Readers (Spark, pyarrow, pandas)
+ignore directories starting with ``_``, so staged files are invisible. ``commit`` publishes
+each staged file with an atomic rename (fsync'd), then writes the epoch's manifest, and is
 idempotent: a published file that is present with the committed size counts as done.
 ``abort`` deletes the epoch's staging directory; nothing else is ever written.
 """
@@ -20,19 +25,28 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 import eosink
 from eosink import (
+    ConfigError,
     CoordinatedSinkWriter,
     JsonCodec,
     Prepared,
@@ -40,6 +54,7 @@ from eosink import (
     SinkCommitCoordinator,
     SinkError,
     SinkPlugin,
+    SparkWriter,
     StagedEpochs,
     TargetMarker,
     WriterContext,
@@ -50,15 +65,23 @@ log = logging.getLogger("eosink.file")
 
 STAGING_DIR = "_eosink_staging"
 MARKER_DIR = "_eosink"
+COMMITS_DIR = "commits"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
-_EXT = {"parquet": "parquet", "json": "jsonl", "csv": "csv"}
+FORMATS = ("parquet", "orc", "json", "csv", "text")
+_EXT = {"parquet": "parquet", "orc": "orc", "json": "jsonl", "csv": "csv", "text": "txt"}
 # Characters escaped in partition directory names (Hive/Spark's set, plus NUL), as %XX.
 _ESCAPE = {chr(c) for c in range(0x00, 0x20)} | set("\"#%'*/:=?\\\x7f{[]^")
 
 
 # Parquet codecs pyarrow writes (LZO is read-only in Arrow C++); Spark's "uncompressed" = none.
 _PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "lz4_raw", "zstd")
-_CODEC_ALIASES = {"uncompressed": "none"}
+_CODEC_ALIASES = {"uncompressed": "none", "bz2": "bzip2"}
+# Codecs both writer kinds write, per format (Spark's name; pyarrow's where it differs).
+_ORC_CODECS = ("none", "snappy", "zlib", "zstd", "lz4")
+_TEXT_CODECS = ("none", "gzip", "bzip2")
+_DEFAULT_CODEC = {"parquet": "snappy", "orc": "snappy"}
+_PYARROW_STREAM_CODEC = {"gzip": "gzip", "bzip2": "bz2"}
+_TEXT_SUFFIX = {"gzip": ".gz", "bzip2": ".bz2"}
 
 
 def parquet_codecs() -> list[str]:
@@ -71,6 +94,13 @@ def parquet_codecs() -> list[str]:
         except ValueError:  # a codec name this pyarrow does not know
             pass
     return out
+
+
+def codecs_for(fmt: str) -> list[str]:
+    """The compression codecs the file sink writes for ``fmt`` (both writer kinds)."""
+    if fmt == "parquet":
+        return parquet_codecs()
+    return list(_ORC_CODECS if fmt == "orc" else _TEXT_CODECS)
 
 
 def _not_writable(path: Path) -> str | None:
@@ -110,25 +140,36 @@ class FileSinkOptions(BaseModel):
 
     Validated on the driver before any Spark job or meta store row: the path must be a
     directory this user can create or write, partition columns distinct, the codec one that
-    pyarrow can write.
+    the format can be written with.
 
     Attributes:
         path: output directory (local filesystem; created if missing).
-        format: ``parquet`` (default), ``json`` (JSON lines) or ``csv``.
+        format: ``parquet`` (default), ``orc``, ``json`` (JSON lines), ``csv`` (with a header)
+            or ``text`` (one string column, one line per row).
         partition_by: distinct columns giving Hive-style ``col=value/`` directories. Values
             are escaped (``/`` becomes ``%2F``...) so that no value can leave ``path``.
-        compression: Parquet compression codec (:func:`parquet_codecs`; ``uncompressed`` is
-            ``none``). JSON lines and CSV files are written uncompressed: any other value
-            with those formats is an error.
+        compression: codec (:func:`codecs_for`): Parquet ``snappy`` (default), ``none``,
+            ``gzip``, ``brotli``, ``lz4``, ``lz4_raw``, ``zstd``; ORC ``snappy`` (default),
+            ``none``, ``zlib``, ``zstd``, ``lz4``; JSON, CSV and text ``none`` (default),
+            ``gzip``, ``bzip2``. ``uncompressed`` means ``none``.
+        writer: ``auto`` (default): Spark's own writers stage the epoch (the native path)
+            when eosink runs the DataFrame (``eosink.run``), Python writers in Spark tasks
+            under ``format("eosink")``. ``spark``: the native path or an error. ``python``:
+            always the Python writers.
+        format_options: Spark's options of the format's writer (``{"timestampFormat": ...}``,
+            ``{"parquet.block.size": "67108864"}``...), native path only. For CSV eosink sets
+            ``header=true`` and ``escape="`` unless given here.
         fsync: fsync staged files and published directories (durability on power loss).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str = Field(min_length=1)
-    format: Literal["parquet", "json", "csv"] = "parquet"
+    format: Literal["parquet", "orc", "json", "csv", "text"] = "parquet"
     partition_by: tuple[str, ...] = ()
-    compression: str = "snappy"
+    compression: str | None = None
+    writer: Literal["auto", "spark", "python"] = "auto"
+    format_options: dict[str, str] = Field(default_factory=dict)
     fsync: bool = True
 
     @field_validator("path")
@@ -168,31 +209,41 @@ class FileSinkOptions(BaseModel):
             )
         return v
 
+    @field_validator("format_options", mode="before")
+    @classmethod
+    def _as_strings(cls, v: Any) -> Any:
+        if isinstance(v, Mapping):  # Spark's writer options are strings
+            return {str(k): str(x).lower() if isinstance(x, bool) else str(x) for k, x in v.items()}
+        return v
+
     @field_validator("compression")
     @classmethod
-    def _codec(cls, v: str) -> str:
+    def _codec(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return None
         c = v.strip().lower()
         c = _CODEC_ALIASES.get(c, c)
-        codecs = parquet_codecs()
+        fmt = info.data.get("format", "parquet")
+        codecs = codecs_for(fmt)
         if c not in codecs:
             raise ValueError(
-                f"{v!r} is not a Parquet codec that pyarrow can write here; use one of: "
-                f"{', '.join(codecs)}"
+                f"{v!r} is not a codec for format={fmt!r}; use one of: {', '.join(codecs)}"
             )
         return c
 
     @model_validator(mode="after")
-    def _codec_needs_parquet(self) -> FileSinkOptions:
-        if (
-            self.format != "parquet"
-            and "compression" in self.model_fields_set
-            and self.compression != "none"
-        ):
+    def _writer(self) -> FileSinkOptions:
+        if self.writer == "python" and self.format_options:
             raise ValueError(
-                f"compression={self.compression!r} applies to format='parquet' only; "
-                f"format={self.format!r} files are written uncompressed (drop compression)"
+                "format_options are options of Spark's writers; writer='python' does not use "
+                "them (drop them, or use writer='auto')"
             )
         return self
+
+    @property
+    def codec(self) -> str:
+        """The codec files are written with (the format's default when none is given)."""
+        return self.compression or _DEFAULT_CODEC.get(self.format, "none")
 
 
 def escape_partition_value(value: str) -> str:
@@ -236,8 +287,13 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _suffix(opts: FileSinkOptions) -> str:
+    """The file name suffix of the Python writers' files."""
+    return _EXT[opts.format] + _TEXT_SUFFIX.get(opts.codec, "")
+
+
 class _OpenFile:
-    """One staged file being written."""
+    """One staged file being written by a Python writer."""
 
     def __init__(self, path: Path, fmt: str, schema: pa.Schema, opts: FileSinkOptions) -> None:
         self.path = path
@@ -245,32 +301,61 @@ class _OpenFile:
         self.rows = 0
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(path, "wb")
+        self.out: Any = self.fh
+        stream_codec = _PYARROW_STREAM_CODEC.get(opts.codec)
+        if stream_codec and fmt in ("json", "csv", "text"):
+            self.out = pa.CompressedOutputStream(self.fh, stream_codec)
         self.writer: Any = None
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            self.writer = pq.ParquetWriter(self.fh, schema, compression=opts.compression)
+            self.writer = pq.ParquetWriter(self.out, schema, compression=opts.codec)
+        elif fmt == "orc":
+            import pyarrow.orc as orc
+
+            codec = "uncompressed" if opts.codec == "none" else opts.codec
+            self.writer = orc.ORCWriter(self.out, compression=codec)
         elif fmt == "csv":
             import pyarrow.csv as pcsv
 
-            self.writer = pcsv.CSVWriter(self.fh, schema)
+            self.writer = pcsv.CSVWriter(self.out, schema)
 
     def write(self, batch: pa.RecordBatch) -> None:
         self.rows += batch.num_rows
         if self.fmt == "json":
             lines = [json.dumps(r, default=_json_default) for r in batch.to_pylist()]
-            self.fh.write(("\n".join(lines) + "\n").encode())
+            self.out.write(("\n".join(lines) + "\n").encode())
+        elif self.fmt == "text":
+            col = batch.column(0)
+            self.out.write(
+                "".join(f"{v}\n" if v is not None else "\n" for v in col.to_pylist()).encode()
+            )
+        elif self.fmt == "orc":
+            self.writer.write(pa.Table.from_batches([batch]))
         else:
             self.writer.write_batch(batch)
 
     def close(self, fsync: bool) -> int:
         if self.writer is not None:
             self.writer.close()
-        self.fh.flush()
-        if fsync:
-            os.fsync(self.fh.fileno())
-        self.fh.close()
+        if self.out is not self.fh:
+            self.out.close()  # a CompressedOutputStream: flushes its tail, closes the file
+        if not self.fh.closed:
+            self.fh.flush()
+            if fsync:
+                os.fsync(self.fh.fileno())
+            self.fh.close()
+        elif fsync:
+            _fsync_file(self.path)
         return self.path.stat().st_size
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
@@ -298,7 +383,7 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
     def _file(self, partition: str, schema: pa.Schema) -> _OpenFile:
         f = self.files.get(partition)
         if f is None:
-            name = f"f{len(self.files):05d}.{_EXT[self.opts.format]}"
+            name = f"f{len(self.files):05d}.{_suffix(self.opts)}"
             path = self._stage_dir() / partition / name if partition else self._stage_dir() / name
             f = self.files[partition] = _OpenFile(path, self.opts.format, schema, self.opts)
         return f
@@ -357,12 +442,18 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
 
 
 class FileCoordinator(
-    SinkCommitCoordinator[dict[str, Any], dict[str, Any]], StagedEpochs, TargetMarker
+    SinkCommitCoordinator[dict[str, Any], dict[str, Any]],
+    SparkWriter[dict[str, Any]],
+    StagedEpochs,
+    TargetMarker,
 ):
     """Publishes an epoch's staged files atomically; deletes them on abort.
 
     The sink's marker is ``_eosink/<sink key>.json`` under ``path``: the core's marker plus
     ``last_epoch``, rewritten atomically (fsync'd) by ``commit`` before it publishes files.
+    Each committed epoch's manifest is ``_eosink/commits/<sink key>/<epoch>.json``, written
+    (atomically, fsync'd) once all its files are published: readers that go by the
+    manifests (:func:`committed_files`) see whole epochs only.
     """
 
     def __init__(self, opts: FileSinkOptions, sink_id: str) -> None:
@@ -370,7 +461,70 @@ class FileCoordinator(
         self.root = Path(opts.path)
         self.staging = self.root / STAGING_DIR / sink_key(sink_id)
         self.marker_path = self.root / MARKER_DIR / f"{sink_key(sink_id)}.json"
+        self.commits = self.root / MARKER_DIR / COMMITS_DIR / sink_key(sink_id)
         self._marker: dict[str, Any] | None = None
+
+    # -- the native path -------------------------------------------------------------------
+    def spark_write_unsupported(self, schema: pa.Schema) -> str | None:
+        """Why Spark's writers cannot stage this sink's epochs (then Python writers do).
+
+        Raises:
+            ConfigError: ``writer='spark'`` and they cannot.
+        """
+        if self.opts.writer == "python":
+            return "the file sink's option writer='python'"
+        why = None
+        if self.opts.format == "parquet" and self.opts.codec == "brotli":
+            why = "Spark ships no Brotli codec for Parquet (compression='brotli')"
+        if why and self.opts.writer == "spark":
+            raise ConfigError(f"writer='spark' is not possible: {why}; use writer='auto'")
+        return why
+
+    def write_with_spark(
+        self, df: Any, epoch: int, attempt: str, setup: Any
+    ) -> list[dict[str, Any]]:
+        """Spark's ``DataFrameWriter`` writes the epoch into its own staging directory.
+
+        Spark's commit protocol moves only the files of committed tasks into it (failed and
+        speculative attempts stay in its ``_temporary``, deleted with the epoch's staging).
+        """
+        stage = self.staging / str(epoch) / attempt
+        fmt = self.opts.format
+        w = df.write.format(fmt).mode("errorifexists")
+        w = w.option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+        w = w.option("compression", self.opts.codec)
+        if fmt == "csv":  # what the Python writers write: a header, RFC 4180 quoting
+            w = w.option("header", "true").option("escape", '"')
+        for k, v in self.opts.format_options.items():
+            w = w.option(k, v)
+        if self.opts.partition_by:
+            w = w.partitionBy(*self.opts.partition_by)
+        w.save(str(stage))
+        files: list[dict[str, Any]] = []
+        for p in sorted(stage.rglob("*")):
+            if p.name.startswith((".", "_")) or not p.is_file():
+                continue
+            rel = p.relative_to(stage)
+            if any(part.startswith("_") for part in rel.parts):
+                continue  # Spark's _temporary (a failed attempt's leftovers)
+            size = p.stat().st_size
+            if _empty_file(p, fmt, size):
+                p.unlink()
+                continue
+            if self.opts.fsync:
+                _fsync_file(p)
+            files.append(
+                {
+                    "staged": p.relative_to(self.root).as_posix(),
+                    "partition": rel.parent.as_posix() if rel.parent.parts else "",
+                    "rows": None,
+                    "bytes": size,
+                }
+            )
+        if self.opts.fsync:
+            for d in {stage / Path(f["partition"]) for f in files}:
+                _fsync_dir(d)
+        return [{"files": files}]
 
     def init(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -417,10 +571,11 @@ class FileCoordinator(
 
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
         token = uuid.uuid4().hex[:12]
-        ext = _EXT[self.opts.format]
         files = []
         staged = sorted((f for r in results for f in r["files"]), key=lambda f: str(f["staged"]))
         for n, f in enumerate(staged):
+            # "parquet", "jsonl.gz"; Spark's "c000.snappy.parquet" loses its "c000".
+            ext = re.sub(r"^c\d+\.", "", Path(f["staged"]).name.split(".", 1)[1])
             name = f"part-{epoch:010d}-{n:05d}-{token}.{ext}"
             final = f"{f['partition']}/{name}" if f["partition"] else name
             files.append(
@@ -467,8 +622,29 @@ class FileCoordinator(
         if self.opts.fsync:
             for d in dirs:
                 _fsync_dir(d)
+        self._write_manifest(epoch, committable)
         # Leftovers of failed or speculative task attempts of this epoch.
         shutil.rmtree(self.staging / str(epoch), ignore_errors=True)
+
+    def _write_manifest(self, epoch: int, committable: dict[str, Any]) -> None:
+        """The epoch's manifest, once every file of it is published (atomic, fsync'd)."""
+        path = self.commits / f"{epoch}.json"
+        if path.exists():
+            return
+        self.commits.mkdir(parents=True, exist_ok=True)
+        manifest = {
+            "epoch": epoch,
+            "files": [{"path": f["final"], "bytes": f["bytes"]} for f in committable["files"]],
+        }
+        tmp = self.commits / f".{epoch}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(json.dumps(manifest, sort_keys=True).encode())
+            fh.flush()
+            if self.opts.fsync:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        if self.opts.fsync:
+            _fsync_dir(self.commits)
 
     def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
         target = self.staging / str(epoch)
@@ -486,6 +662,44 @@ class FileCoordinator(
         if not self.staging.is_dir():
             return []
         return [int(p.name) for p in self.staging.iterdir() if p.name.isdigit()]
+
+
+def _empty_file(path: Path, fmt: str, size: int) -> bool:
+    """Whether a file Spark wrote holds no rows (it writes one for an empty DataFrame)."""
+    if size == 0:
+        return True
+    if fmt == "parquet" and size < 65536:
+        import pyarrow.parquet as pq
+
+        return bool(pq.read_metadata(path).num_rows == 0)
+    return False
+
+
+def committed_files(path: str | os.PathLike[str], sink_id: str | None = None) -> list[str]:
+    """The files of every committed epoch under ``path``, by the epochs' manifests.
+
+    A reader that lists the directory during a commit may see some files of the epoch being
+    published and not yet the others; a reader that reads the files this returns sees whole
+    epochs only (an epoch's manifest is written once all its files are published).
+
+    Args:
+        path: the sink's directory.
+        sink_id: only this sink's epochs (default: every sink writing to ``path``).
+
+    Returns:
+        Absolute paths, by epoch, then file name.
+    """
+    root = Path(path).expanduser().resolve()
+    base = root / MARKER_DIR / COMMITS_DIR
+    dirs = [base / sink_key(sink_id)] if sink_id else sorted(base.glob("*"))
+    out: list[tuple[int, str]] = []
+    for d in dirs:
+        for m in d.glob("*.json"):
+            if not m.stem.isdigit():
+                continue
+            data = json.loads(m.read_bytes())
+            out += [(int(data["epoch"]), str(root / f["path"])) for f in data["files"]]
+    return [p for _, p in sorted(out)]
 
 
 def validate_schema(opts: FileSinkOptions, schema: pa.Schema) -> None:
@@ -511,6 +725,17 @@ def validate_schema(opts: FileSinkOptions, schema: pa.Schema) -> None:
             raise SchemaMismatchError(f"column {c!r} of type {t} cannot be a partition column")
     if len(opts.partition_by) >= len(schema.names):
         raise SchemaMismatchError("every column is a partition column: no data column is left")
+    if opts.format == "text":
+        data = [f for f in schema if f.name not in opts.partition_by]
+        if len(data) != 1 or not (
+            pa.types.is_string(data[0].type) or pa.types.is_large_string(data[0].type)
+        ):
+            shown = ", ".join(f"{f.name} {f.type}" for f in data)
+            raise SchemaMismatchError(
+                "format='text' writes one string column per line (besides partition columns); "
+                f"this DataFrame has: {shown}. Select one, e.g. df.selectExpr('to_json(struct(*)) "
+                "AS value'), or use format='json'"
+            )
     if opts.format == "csv":
         for field in schema:
             if pa.types.is_nested(field.type):
@@ -537,7 +762,8 @@ SINK: SinkPlugin[FileSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     committable_codec=JsonCodec[dict[str, Any]](version=1),
     default_sink_id=lambda o: f"file:{o.path}",
     validate_schema=validate_schema,
-    description="Parquet / JSON lines / CSV files on the local filesystem, Hive partitions",
+    description="Parquet / ORC / JSON lines / CSV / text files on the local filesystem, Hive "
+    "partitions, written by Spark's own writers",
     requires={},  # pyarrow only, a core dependency (s3:// paths are not supported yet)
 )
 
