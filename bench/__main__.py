@@ -47,6 +47,15 @@ ORDER = (
     "Python writer path /",
 )
 
+# What a part reports when it fails as a whole.
+PART_ROWS: dict[str, list[tuple[str, float | None]]] = {
+    "batch": [("file sink batch / `df.write.parquet`", 0.95)],
+    "stream": [('file sink stream / `writeStream.format("parquet")`', 1.0)],
+    "iceberg": [("iceberg stream / naive `foreachBatch`", 2.0)],
+    "python": [("Python writer path / bare `mapInArrow`", 0.95)],
+    "lag": [("visibility lag / trigger interval", None)],
+}
+
 
 def log(msg: str) -> None:
     print(msg, flush=True)
@@ -131,12 +140,19 @@ def runtime_rows(data: Data, size: Any, tmp: Path, quick: bool) -> tuple[list[Ro
     v = res.get("versions", {})
     measure = measure.replace("pyspark 4.0", f"pyspark {v.get('pyspark', '4.0')}")
     if "eosink" in errors or "iceberg" in errors:
-        why = "; ".join(f"{k}: {e}" for k, e in errors.items())
+        names = {"spark_session": "`eosink.spark_session`", "eosink": "`eosink.run`"}
+        why = "; ".join(f"{names.get(k, k)}: {e}" for k, e in errors.items())
+        if "eosink" in errors:
+            why = f"eosink does not run on pyspark {v.get('pyspark', '4.0')}: {why}"
         row = failed_row(measure, 0.9, why)
         if "iceberg" in times:
-            row.peer = f"{data.mb / med(times['iceberg']):.1f} MB/s"
+            row.peer = (
+                f"{data.mb / med(times['iceberg']):.1f} MB/s, {med(times['iceberg']):.2f} s "
+                f"({v.get('iceberg', '')}, {res.get('codecs', {}).get('iceberg', '?')})"
+            )
         return [row], res
     writers = "/".join(sorted(set(res.get("writers", [])))) or "?"
+    codecs = res.get("codecs", {})
     return [
         throughput_row(
             measure,
@@ -144,8 +160,8 @@ def runtime_rows(data: Data, size: Any, tmp: Path, quick: bool) -> tuple[list[Ro
             times["eosink"],
             times["iceberg"],
             0.9,
-            f"writer: {writers}",
-            v.get("iceberg", ""),
+            f"writer: {writers}, {codecs.get('eosink', '?')}",
+            f"{v.get('iceberg', '')}, {codecs.get('iceberg', '?')}",
         )
     ], res
 
@@ -211,19 +227,13 @@ def report(
         "",
         "| ratio | eosink | peer | ratio | target | met |",
         "|---|---|---|---|---|---|",
-        *[
-            f"| {r.measure} | {r.eosink} | {r.peer} | {r.ratio} | {r.target} | {r.met} |"
-            for r in ratios
-        ],
+        *[table_line(r) for r in ratios],
         "",
         "## Information",
         "",
         "| measure | eosink | peer | ratio | target | met |",
         "|---|---|---|---|---|---|",
-        *[
-            f"| {r.measure} | {r.eosink} | {r.peer} | {r.ratio} | {r.target} | {r.met} |"
-            for r in info
-        ],
+        *[table_line(r) for r in info],
         "",
         "## What each row measures",
         "",
@@ -280,6 +290,11 @@ def report(
     text = "\n".join(lines)
     out.write_text(text)
     return text
+
+
+def table_line(r: Row) -> str:
+    cells = (r.measure, r.eosink, r.peer, r.ratio, r.target, r.met)
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
 
 def print_rows(rows: list[Row]) -> None:
@@ -362,11 +377,14 @@ def main() -> int:
                 ):
                     if part in parts:
                         log(f"[{part}]")
+                        t0 = time.perf_counter()
                         try:
                             rows += fn()
+                            log(f"  [{part}] {time.perf_counter() - t0:.0f} s")
                         except Exception as exc:
-                            log(f"  FAILED: {type(exc).__name__}: {exc}")
-                            rows.append(failed_row(f"{part}", None, f"{type(exc).__name__}"))
+                            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                            log(f"  FAILED: {why}")
+                            rows += [failed_row(m, t, why) for m, t in PART_ROWS[part]]
             finally:
                 spark.stop()
         if "runtime" in parts:

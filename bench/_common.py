@@ -101,17 +101,34 @@ def pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(p * len(s)))]
 
 
+def parquet_codec(out: Path) -> str:
+    """The compression of the first Parquet data file under ``out`` (what a contender wrote),
+    or ``?``."""
+    for p in sorted(out.rglob("*.parquet")):
+        if any(part.startswith(("_", ".")) for part in p.relative_to(out).parts[:-1]):
+            continue
+        try:
+            md = pq.ParquetFile(p).metadata
+            if md.num_row_groups:
+                return str(md.row_group(0).column(0).compression).lower()
+        except Exception:
+            continue
+    return "?"
+
+
 def interleave(
     contenders: dict[str, Callable[[str], Any]],
     reps: int,
     fresh: Callable[[str], Path],
     warmup: bool = True,
     log: Callable[[str], None] = print,
+    codecs: dict[str, str] | None = None,
 ) -> dict[str, list[float]]:
     """Time every contender ``reps`` times, interleaved, in a rotating order (so drift and
     noise hit all alike); each call gets a fresh output directory, deleted after the call.
 
-    A warm-up call of each (untimed) comes first: Python workers, JIT, catalogs.
+    A warm-up call of each (untimed) comes first: Python workers, JIT, catalogs. The Parquet
+    codec each contender wrote is recorded in ``codecs`` (from its first call).
     """
     names = list(contenders)
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -123,6 +140,8 @@ def interleave(
             t0 = time.perf_counter()
             contenders[name](str(out))
             dt = time.perf_counter() - t0
+            if codecs is not None and name not in codecs:
+                codecs[name] = parquet_codec(out)
             shutil.rmtree(out, ignore_errors=True)
             if r >= 0:
                 times[name].append(dt)

@@ -80,14 +80,22 @@ def venv(log: Callable[[str], None]) -> Path:
     if uv is None:
         raise RuntimeError("`uv` is not on the PATH (it builds the pyspark 4.0 environment)")
     reqs = _requirements()
-    spec = {"python": sys.version.split()[0], "reqs": reqs, "eosink": str(ROOT)}
+    # eosink's own dependencies come from its pyproject.toml: a change there rebuilds.
+    pyproject = hashlib.sha1((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    spec = {
+        "python": sys.version.split()[0],
+        "reqs": reqs,
+        "eosink": str(ROOT),
+        "pyproject": pyproject,
+    }
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
     d = cache_root() / f"venv-pyspark{PYSPARK}-{key}"
     py = d / "bin" / "python"
     if (d / ".complete").exists() and py.exists():
         return py
     log(f"  building {d} ({', '.join(reqs)}, eosink from {ROOT})")
-    shutil.rmtree(d, ignore_errors=True)
+    for old in cache_root().glob("venv-pyspark*"):  # one environment at a time
+        shutil.rmtree(old, ignore_errors=True)
     t0 = time.perf_counter()
     base = getattr(sys, "_base_executable", None) or sys.executable
     subprocess.run([uv, "venv", "-q", "--python", base, str(d)], check=True)
@@ -150,5 +158,7 @@ def run_iceberg_runtime(
             watchdog.cancel()
     if out.exists():
         return json.loads(out.read_text())  # type: ignore[no-any-return]
+    if rc == -9:
+        return {"error": f"the pyspark {PYSPARK} run took longer than {timeout:.0f} s"}
     tail = logfile.read_text().strip().splitlines()[-15:]
     return {"error": f"the pyspark {PYSPARK} run exited {rc}: " + " | ".join(tail)}

@@ -112,11 +112,17 @@ class MainBench:
     def _took(self, contender: str, writer: str | None) -> None:
         self.writers.setdefault(contender, set()).add(writer or "?")
 
-    def took(self, contender: str) -> str:
-        return "writer: " + "/".join(sorted(self.writers.get(contender, {"?"})))
+    def took(self, key: str, contender: str = "eosink") -> str:
+        """Which writer path eosink took for ``key``'s runs, and the codec it wrote."""
+        writers = "/".join(sorted(self.writers.get(key, {"?"})))
+        return f"writer: {writers}, {self.codec(contender)}"
+
+    def codec(self, contender: str) -> str:
+        return self.codecs.get(contender, "?")
 
     def _times(self, contenders: dict[str, Callable[[str], Any]]) -> dict[str, list[float]]:
-        return interleave(contenders, self.size.reps, self.fresh, log=self.log)
+        self.codecs: dict[str, str] = {}
+        return interleave(contenders, self.size.reps, self.fresh, log=self.log, codecs=self.codecs)
 
     # -- contenders ------------------------------------------------------------------------
     def eosink_batch(
@@ -172,6 +178,7 @@ class MainBench:
                     t["spark"],
                     0.95,
                     self.took(f"batch{part}"),
+                    self.codec("spark"),
                 )
             )
             if not part:
@@ -184,6 +191,7 @@ class MainBench:
                         t["pyarrow"],
                         None,
                         self.took(f"batch{part}"),
+                        self.codec("pyarrow"),
                     )
                 )
         return rows
@@ -219,9 +227,9 @@ class MainBench:
         for n in MRPB_VALUES[1:]:
             contenders[f"eosink-python-{n}"] = at(n, self.eosink_batch(f"python{n}", "python"))
         t = self._times(contenders)
-        took = self.took("python")
+        took = self.took("python", "eosink-python")
         rows = []
-        if "python" not in took:
+        if "writer: python" not in took:
             why = (
                 f"the file sink took the native path ({took}) and has no writer= option "
                 "to force its Python writers"
@@ -237,6 +245,7 @@ class MainBench:
                     t["mapInArrow"],
                     0.95,
                     took,
+                    self.codec("mapInArrow"),
                 )
             )
         base = t["eosink-python"]
@@ -253,11 +262,23 @@ class MainBench:
                     t[f"eosink-python-{n}"],
                     base,
                     None,
-                    self.took(f"python{n}"),
+                    self.took(f"python{n}", f"eosink-python-{n}"),
                     took,
                 )
             )
         self.best_mrpb = best
+        rows.append(
+            Row(
+                f"`{MRPB}` for the Python writer path: the best of "
+                + " / ".join(f"{n:,}" for n in MRPB_VALUES),
+                f"{best:,}" + (" (Spark's default)" if best == MRPB_VALUES[0] else ""),
+                "-",
+                f"{meds[MRPB_VALUES[0]] / meds[best]:.2f} x the default's throughput",
+                "info (eosink's defaults unchanged)",
+                "-",
+                "info",
+            )
+        )
         return rows
 
     def file_stream(self) -> list[Row]:
@@ -299,6 +320,7 @@ class MainBench:
                 t["spark"],
                 1.0,
                 self.took("stream"),
+                self.codec("spark"),
             )
         ]
 
@@ -314,7 +336,8 @@ class MainBench:
             h = eosink.run(
                 self.stream(),
                 sink="iceberg",
-                table="b.t",
+                sink_id=f"bench-{Path(out).name}",  # the default names the table, not the
+                table="b.t",  # warehouse: every run has its own
                 warehouse=f"{out}/wh",
                 checkpoint_location=f"{out}/chk",
                 trigger={"availableNow": True},
@@ -351,7 +374,7 @@ class MainBench:
                 t["naive"],
                 2.0,
                 self.took("iceberg"),
-                "not exactly once",
+                f"{self.codec('naive')}; not exactly once",
             )
         ]
 

@@ -19,12 +19,12 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ._common import interleave
+from ._common import interleave, parquet_codec
 
 
 def _error(exc: BaseException) -> str:
     """The exception's class and first meaningful lines (Spark errors are long)."""
-    text = f"{type(exc).__name__}: {exc}"
+    text = re.sub(r"/[^\s()]*/site-packages/", "", f"{type(exc).__name__}: {exc}")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     causes = [ln for ln in lines if re.search(r"(Error|Exception): ", ln)]
     picked = lines[:2] + [c for c in causes[-2:] if c not in lines[:2]]
@@ -52,7 +52,7 @@ def main() -> int:
     tmp = Path(a.tmp)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    result: dict[str, Any] = {"errors": {}, "times": {}, "writers": []}
+    result: dict[str, Any] = {"errors": {}, "times": {}, "writers": [], "codecs": {}}
 
     import pyspark
 
@@ -107,6 +107,7 @@ def main() -> int:
         h = eosink.run(
             stream(),
             sink="iceberg",
+            sink_id=f"bench-{Path(out).name}",  # every run has its own warehouse
             table="b.t",
             warehouse=f"{out}/wh",
             checkpoint_location=f"{out}/chk",
@@ -143,7 +144,8 @@ def main() -> int:
         out = fresh(f"{name}-warmup")
         try:
             fn(str(out))
-            print(f"    warm-up {name}: ok", flush=True)
+            result["codecs"][name] = parquet_codec(out)
+            print(f"    warm-up {name}: ok ({result['codecs'][name]})", flush=True)
         except Exception as exc:
             traceback.print_exc()
             result["errors"][name] = _error(exc)
