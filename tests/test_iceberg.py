@@ -314,7 +314,7 @@ def test_commit_conflict_is_retried(
     import logging
 
     import pyarrow as pa
-    from eosink_iceberg.plugin import IcebergCoordinator
+    from eosink_iceberg.coordinator import IcebergCoordinator
 
     import eosink
 

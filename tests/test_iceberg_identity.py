@@ -325,7 +325,7 @@ def test_backfill_is_exact_after_snapshot_expiry(tmp_path: Path) -> None:
 def _plant(tmp_path: Path, epoch: int, sink_id: str = SINK_ID) -> Path:
     """A copy of a real data file of the table, named like a writer of ``epoch`` names its
     files (a dead executor's file that no committable names)."""
-    from eosink_iceberg.plugin import epoch_of_file, write_uuid
+    from eosink_iceberg.datafiles import epoch_of_file, write_uuid
 
     src = next(p for p in _parquet(tmp_path) if epoch_of_file(str(p), sink_id) is not None)
     dst = src.parent / f"00099-7-{write_uuid(sink_id, epoch)}.parquet"

@@ -1,0 +1,118 @@
+"""The iceberg sink's options, its catalog, and keeping catalog secrets out of messages."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from eosink import MissingExtraError, SinkError
+
+from .transforms import PartitionTerm, parse_partition_by
+
+__all__ = ["IcebergSinkOptions", "load_catalog", "redact", "require_pyiceberg"]
+
+_SECRET_KEYS = re.compile(r"secret|password|token|credential|key", re.I)
+
+
+def require_pyiceberg() -> None:
+    """Raise :class:`~eosink.MissingExtraError` naming the extra unless pyiceberg imports."""
+    try:
+        import pyiceberg  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+        raise MissingExtraError("pyiceberg", "iceberg", "the iceberg sink") from exc
+
+
+class IcebergSinkOptions(BaseModel):
+    """Options of the ``iceberg`` sink.
+
+    Attributes:
+        table: ``namespace.table``.
+        catalog: pyiceberg catalog properties (``type``, ``uri``, ``warehouse``, ``s3.*``...).
+            Default: an embedded SQL catalog on SQLite with a local warehouse under
+            ``warehouse`` (no server needed). Values are never logged or stored.
+        catalog_name: the catalog's name.
+        warehouse: local warehouse directory of the default embedded catalog
+            (default ``$EOSINK_HOME/iceberg``, ``~/.eosink/iceberg``).
+        create_table: create the table from the DataFrame's schema when it does not exist.
+        partition_by: partition fields of a created table: ``col``, ``year(ts)``,
+            ``month(ts)``, ``day(ts)``, ``hour(ts)``, ``bucket(16, id)``, ``truncate(4, s)``;
+            parsed into :class:`~eosink_iceberg.transforms.PartitionTerm` objects.
+        expire_snapshots_keep: after each commit, expire snapshots beyond the newest N
+            (None: never). Keeps commit latency flat on long-running streams.
+        writer: who writes the data files: ``auto`` (Spark's own Parquet writer when it can
+            express the table and the DataFrame exactly, else Python writers in Spark tasks),
+            ``spark`` (always Spark's; refused with an error when it cannot) or ``python``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    table: str = Field(pattern=r"^[\w-]+(\.[\w-]+)+$")
+    catalog: dict[str, str] = Field(default_factory=dict, repr=False)
+    catalog_name: str = "eosink"
+    warehouse: str | None = None
+    create_table: bool = True
+    partition_by: tuple[PartitionTerm, ...] = ()
+    expire_snapshots_keep: int | None = Field(default=None, ge=1)
+    writer: Literal["auto", "spark", "python"] = "auto"
+
+    @field_validator("partition_by", mode="before")
+    @classmethod
+    def _parse(cls, v: Any) -> tuple[PartitionTerm, ...]:
+        return parse_partition_by(v)
+
+    def catalog_properties(self) -> dict[str, str]:
+        """The pyiceberg catalog properties (the embedded catalog's when ``catalog`` is empty;
+        its warehouse directory is created)."""
+        if self.catalog:
+            return dict(self.catalog)
+        wh = (
+            Path(
+                self.warehouse
+                or Path(os.environ.get("EOSINK_HOME", Path.home() / ".eosink")) / "iceberg"
+            )
+            .expanduser()
+            .resolve()
+        )
+        wh.mkdir(parents=True, exist_ok=True)
+        return {"type": "sql", "uri": f"sqlite:///{wh / 'catalog.db'}", "warehouse": f"file://{wh}"}
+
+
+def redact(text: str, opts: IcebergSinkOptions) -> str:
+    """``text`` without any secret of the catalog properties (keys and URL passwords)."""
+    from urllib.parse import unquote, urlsplit
+
+    for k, v in opts.catalog.items():
+        if not v:
+            continue
+        if len(v) >= 4 and _SECRET_KEYS.search(k):
+            text = text.replace(v, "***")
+        if "://" in v and "@" in v:
+            try:
+                pw = urlsplit(v).password
+            except ValueError:
+                pw = None
+            if pw:
+                text = text.replace(pw, "***").replace(unquote(pw), "***")
+    return text
+
+
+def load_catalog(opts: IcebergSinkOptions) -> Any:
+    """The pyiceberg catalog of ``opts``.
+
+    Raises:
+        MissingExtraError: pyiceberg is not installed.
+        SinkError: the catalog cannot be opened (secrets redacted from the message).
+    """
+    require_pyiceberg()
+    from pyiceberg.catalog import load_catalog as _load
+
+    try:
+        return _load(opts.catalog_name, **opts.catalog_properties())
+    except Exception as exc:
+        raise SinkError(
+            redact(f"cannot open Iceberg catalog {opts.catalog_name!r}: {exc}", opts)
+        ) from None

@@ -1,0 +1,138 @@
+"""The Python writer: one per Spark task, writes its Arrow batches with pyiceberg's writer.
+
+Used when the native path (``native.py``) cannot express the table or the DataFrame, with
+``writer="python"``, and by ``format("eosink")``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from eosink import ConfigError, CoordinatedSinkWriter, SchemaMismatchError, SinkError, WriterContext
+
+from .datafiles import data_file_to_json, write_uuid
+from .options import IcebergSinkOptions, require_pyiceberg
+
+__all__ = ["IcebergWriter", "check_required", "make_writer", "utc_timestamps"]
+
+
+def utc_timestamps(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every time-zone-aware timestamp in UTC (the same instants).
+
+    Spark hands over timestamps in the session's time zone; Iceberg's ``timestamptz`` is UTC
+    and pyiceberg refuses any other zone.
+    """
+
+    def fix(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_timestamp(t) and t.tz is not None and t.tz != "UTC":
+            return pa.timestamp(t.unit, tz="UTC")
+        if pa.types.is_struct(t):
+            return pa.struct(
+                [t.field(i).with_type(fix(t.field(i).type)) for i in range(t.num_fields)]
+            )
+        if pa.types.is_list(t):
+            return pa.list_(t.value_field.with_type(fix(t.value_type)))
+        if pa.types.is_large_list(t):
+            return pa.large_list(t.value_field.with_type(fix(t.value_type)))
+        if pa.types.is_map(t):
+            return pa.map_(t.key_field, t.item_field.with_type(fix(t.item_type)))
+        return t
+
+    return pa.schema([f.with_type(fix(f.type)) for f in schema], metadata=schema.metadata)
+
+
+def check_required(schema: Any, data: pa.Table, table_name: str) -> None:
+    """Raise SchemaMismatchError naming the column when a required column gets a null.
+
+    The DataFrame's field may be nullable while the table's column is required: that is fine
+    as long as the data has no null there (pyarrow would otherwise fail with a less clear
+    error deep inside the Parquet writer).
+    """
+    for f in schema.fields:
+        if f.required and f.name in data.column_names:
+            nulls = data.column(f.name).null_count
+            if nulls:
+                raise SchemaMismatchError(required_message(table_name, f.name, nulls))
+
+
+def required_message(table_name: str, column: str, nulls: int | None) -> str:
+    """The error of a null in the required column ``column`` (``nulls``: how many, if known)."""
+    rows = f"{nulls} row(s)" if nulls is not None else "a row"
+    return (
+        f"Iceberg table {table_name!r}: column {column!r} is required (NOT NULL) "
+        f"in the table, but {rows} of this epoch have a null there. "
+        "Fill or filter the nulls (e.g. coalesce), or make the column optional "
+        "in the table (pyiceberg: update_schema().make_column_optional)."
+    )
+
+
+class IcebergWriter(CoordinatedSinkWriter[dict[str, Any]]):
+    """Buffers one task's Arrow batches and writes them as Iceberg data files."""
+
+    def __init__(self, opts: IcebergSinkOptions, ctx: WriterContext) -> None:
+        if ctx.setup is None:
+            raise SinkError("the iceberg writer needs the table metadata from writer_setup")
+        self.opts = opts
+        self.ctx = ctx
+        self.batches: list[pa.RecordBatch] = []
+        self.written: list[str] = []
+
+    def begin_epoch(self, epoch: int) -> None:
+        self.batches = []
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows:
+            self.batches.append(batch)
+
+    def finish_write(self, epoch: int) -> dict[str, Any]:
+        evolve = self.ctx.setup.get("evolve")
+        if not self.batches:
+            return {"files": [], "evolve": evolve}
+        require_pyiceberg()
+        from pyiceberg.io import load_file_io
+
+        from ._compat import arrow_to_data_files, parse_table_metadata
+
+        metadata = parse_table_metadata(self.ctx.setup["metadata"])
+        io = load_file_io(self.ctx.setup["io"], metadata.location)
+        table = pa.Table.from_batches(self.batches)
+        self.batches = []
+        utc = utc_timestamps(table.schema)
+        if utc != table.schema:
+            table = table.cast(utc)
+        check_required(metadata.schema(), table, self.opts.table)
+        files = []
+        for df in arrow_to_data_files(metadata, table, io, write_uuid(self.ctx.sink_id, epoch)):
+            self.written.append(df.file_path)
+            files.append(data_file_to_json(df, metadata.default_spec_id))
+        return {"files": files, "evolve": evolve}
+
+    def abort_write(self) -> None:
+        if not self.written:
+            return
+        from pyiceberg.io import load_file_io
+
+        io = load_file_io(self.ctx.setup["io"])
+        for p in self.written:
+            try:
+                io.delete(p)
+            except Exception:
+                pass
+
+
+def make_writer(opts: IcebergSinkOptions, ctx: WriterContext) -> IcebergWriter:
+    """The writer factory (on executors).
+
+    Raises:
+        ConfigError: ``writer="spark"``: Python writers were asked for anyway (only
+            ``eosink.run`` has the native path; ``format("eosink")`` runs Python writers).
+    """
+    if opts.writer == "spark":
+        raise ConfigError(
+            "iceberg sink: writer='spark' asks for Spark's own Parquet writer, but this run "
+            'writes with Python writers in Spark tasks (format("eosink") always does; '
+            "eosink.run() has the native path). Use writer='auto' or 'python' here."
+        )
+    return IcebergWriter(opts, ctx)
