@@ -49,6 +49,12 @@ class StreamingHandle:
     ``stop()`` and ``await_termination()`` return only once every epoch that Spark has
     checkpointed is committed and visible. ``figures`` holds one :class:`EpochFigures` per
     micro-batch (rows, pre-commit and commit durations, visibility lag).
+
+    Attributes:
+        query: the Spark ``StreamingQuery``.
+        sink_id: the sink.
+        epoch_base: epoch = ``epoch_base`` + Spark's batchId for this checkpoint.
+        figures: one :class:`EpochFigures` per micro-batch of this run, in order.
     """
 
     query: StreamingQuery

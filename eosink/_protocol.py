@@ -41,7 +41,21 @@ of a crashed run (its PENDING row holds complete data), or write it."""
 
 @dataclass
 class EpochFigures:
-    """What happened to one epoch; exposed by handles and results, logged, sent to hooks."""
+    """What happened to one epoch; exposed by handles and results, logged, sent to hooks.
+
+    Attributes:
+        epoch: the epoch.
+        rows: rows written.
+        files: files (or other units) the commit published (``Prepared.files``).
+        bytes: their size (``Prepared.bytes``).
+        write_s: seconds the writers took (Spark's job, or the Python writer tasks).
+        pre_commit_ms: the coordinator's ``pre_commit``, in milliseconds.
+        persist_ms: persisting the PENDING row in the meta store.
+        commit_ms: the coordinator's ``commit`` (with retries) and the COMMITTED mark.
+        batch_end_at: wall-clock time (``time.time()``) the epoch's data was complete.
+        committed_at: wall-clock time its commit was visible (0 until then).
+        skipped: a replay of a committed epoch (nothing written).
+    """
 
     epoch: int
     rows: int = 0

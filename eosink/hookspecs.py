@@ -50,7 +50,7 @@ def eosink_epoch_committed(sink_id: str, epoch: int, figures: dict[str, Any]) ->
         sink_id: the sink.
         epoch: the epoch.
         figures: ``epoch``, ``rows``, ``files``, ``bytes``, ``write_s``, ``pre_commit_ms``,
-            ``persist_ms``, ``commit_ms``, ``batch_end_at``, ``committed_at``, ``skipped``
-            and ``visibility_lag_s`` (commit visible minus batch end). Use it to export
-            metrics.
+            ``persist_ms``, ``commit_ms``, ``batch_end_at``, ``committed_at``, ``skipped``,
+            ``writer`` (``spark``: the native path, or ``python``) and ``visibility_lag_s``
+            (commit visible minus batch end). Use it to export metrics.
     """

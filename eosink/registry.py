@@ -26,6 +26,10 @@ class SinkInfo:
     """One installed sink, as ``eosink plugins`` lists it.
 
     Attributes:
+        name: the sink's name (what ``sink=`` takes).
+        package: the distribution that registers it (``eosink`` for the built-in sinks).
+        version: that distribution's version.
+        description: the sink's one-line description.
         missing: the modules the sink declares (``SinkPlugin.requires``) that are not
             installed; empty when the sink is ready.
         install: the command that installs them (``pip install 'eosink[iceberg]'``), or "".

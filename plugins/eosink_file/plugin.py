@@ -362,6 +362,12 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
     """Stages the rows of one task into one file per partition directory."""
 
     def __init__(self, opts: FileSinkOptions, ctx: WriterContext) -> None:
+        if opts.format_options:
+            raise ConfigError(
+                "format_options are options of Spark's writers, and this epoch is written by "
+                'the file sink\'s Python writers (format("eosink") always uses them): drop '
+                "format_options, or write with eosink.run()"
+            )
         self.opts = opts
         self.ctx = ctx
         self.root = Path(opts.path)
