@@ -44,9 +44,14 @@ import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
+    DataSourceStreamWriter,
     WriterCommitMessage,
 )
+
+try:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamBase
+except ImportError:  # pyspark 4.0: streams hand the writer Rows (converted below)
+    _StreamBase = DataSourceStreamWriter  # type: ignore[misc,assignment]
 from pyspark.sql.types import StructType
 
 from . import errors
@@ -193,9 +198,9 @@ def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: 
 
 
 def _arrow(schema: StructType) -> pa.Schema:
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from ._session import spark_to_arrow
 
-    return to_arrow_schema(schema, timezone="UTC")
+    return spark_to_arrow(schema, "UTC")
 
 
 class _BatchWriter(DataSourceArrowWriter):
@@ -229,7 +234,22 @@ class _BatchWriter(DataSourceArrowWriter):
             _close(rt)
 
 
-class _StreamWriter(DataSourceStreamArrowWriter):
+def _as_batches(items: Iterator[Any], schema: pa.Schema, size: int = 10_000) -> Iterator[Any]:
+    """Arrow batches from what a stream writer gets: batches (pyspark 4.1+) or Rows (4.0)."""
+    chunk: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, pa.RecordBatch):
+            yield item
+            continue
+        chunk.append(item.asDict(recursive=True))
+        if len(chunk) >= size:
+            yield pa.RecordBatch.from_pylist(chunk, schema=schema)
+            chunk = []
+    if chunk:
+        yield pa.RecordBatch.from_pylist(chunk, schema=schema)
+
+
+class _StreamWriter(_StreamBase):
     def __init__(self, s: _Setup, base: int, lineage: str, schema: pa.Schema, setup: Any) -> None:
         self.setup = setup
         self.s, self.base, self.lineage, self.schema = s, base, lineage, schema
@@ -239,7 +259,8 @@ class _StreamWriter(DataSourceStreamArrowWriter):
 
         tc = TaskContext.get()
         batch_id = int(tc.getLocalProperty("streaming.sql.batchId") or 0) if tc else 0
-        return _write(self.s, self.base + batch_id, False, iterator, self.setup)
+        batches = _as_batches(iterator, self.schema)
+        return _write(self.s, self.base + batch_id, False, batches, self.setup)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         epoch = self.base + batchId

@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eosink")
 
-__all__ = ["SPARK_LOG_LEVELS", "arrow_schema", "find_java", "spark_session"]
+__all__ = ["SPARK_LOG_LEVELS", "arrow_schema", "find_java", "spark_session", "spark_to_arrow"]
 
 
 def find_java() -> str:
@@ -192,7 +192,18 @@ def spark_session(
 
 def arrow_schema(df: DataFrame) -> pa.Schema:
     """The Arrow schema Spark's ``mapInArrow`` hands to writers for ``df``."""
+    tz = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
+    return spark_to_arrow(df.schema, tz)
+
+
+def spark_to_arrow(schema: Any, timezone: str = "UTC") -> pa.Schema:
+    """pyspark's ``to_arrow_schema`` of a ``StructType``, on every supported pyspark.
+
+    pyspark 4.1 added the ``timezone`` argument; 4.0 writes timestamps as UTC.
+    """
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    tz = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
-    return to_arrow_schema(df.schema, timezone=tz)
+    try:
+        return to_arrow_schema(schema, timezone=timezone)
+    except TypeError:  # pyspark 4.0
+        return to_arrow_schema(schema)
