@@ -517,8 +517,6 @@ class FileCoordinator(
             if _empty_file(p, fmt, size):
                 p.unlink()
                 continue
-            if self.opts.fsync:
-                _fsync_file(p)
             files.append(
                 {
                     "staged": p.relative_to(self.root).as_posix(),
@@ -527,7 +525,11 @@ class FileCoordinator(
                     "bytes": size,
                 }
             )
-        if self.opts.fsync:
+        if self.opts.fsync:  # Spark's writers do not fsync: do it here, files in parallel
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(_fsync_file, [self.root / f["staged"] for f in files]))
             for d in {stage / Path(f["partition"]) for f in files}:
                 _fsync_dir(d)
         return [{"files": files}]
