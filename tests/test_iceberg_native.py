@@ -247,14 +247,8 @@ def test_crash_after_the_spark_write_is_recovered(
     """The driver dies right after Spark wrote the epoch's files (simulated in process at
     ``after_spark_write``): the next run aborts them (found by their directory) and writes
     the epoch again: rows once, no file or directory of the dead attempt left."""
-    from eosink import faults
-    from eosink.faults import SimulatedCrash, simulate
-
-    if "after_spark_write" not in faults.DRIVER_FAULT_POINTS:  # the core's list of points
-        monkeypatch.setattr(
-            faults, "DRIVER_FAULT_POINTS", (*faults.DRIVER_FAULT_POINTS, "after_spark_write")
-        )
     from eosink._protocol import Epoch
+    from eosink.faults import SimulatedCrash, simulate
 
     df = spark.range(0, 30).selectExpr("id", "cast(id % 3 as string) as grp")
     with monkeypatch.context() as m, simulate("after_spark_write") as fired:

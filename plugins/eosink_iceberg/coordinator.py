@@ -601,17 +601,22 @@ class IcebergCoordinator(
         fault: str | None = None,
     ) -> int:
         """Delete ``paths`` except those ``table`` references (``refs``: already computed);
-        return how many were deleted."""
-        todo = sorted(set(paths))
-        if not todo:
+        return how many were deleted. A path spelt twice (with and without its scheme: a
+        committable's and a listing's) is deleted once; one already gone is no error."""
+        by_norm: dict[str, str] = {}
+        for p in sorted(set(paths), reverse=True):  # "file:///x" before "/x": the scheme wins
+            by_norm.setdefault(norm(p), p)
+        if not by_norm:
             return 0
         if refs is None and table is not None:
             refs = self._referenced(table)
-        if refs:
-            todo = [p for p in todo if norm(p) not in refs]
+        todo = [p for n, p in sorted(by_norm.items()) if not refs or n not in refs]
         io = self._io()
         for i, p in enumerate(todo):
-            io.delete(p)
+            try:
+                io.delete(p)
+            except FileNotFoundError:
+                pass
             if i == 0 and fault:
                 fault_point(fault)
         return len(todo)
