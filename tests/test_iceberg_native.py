@@ -282,3 +282,31 @@ def test_spark_write_failure_leaves_nothing(spark: Any, tmp_path: Path) -> None:
         _local(f.file_path) for f in _data_files(_table(tmp_path))
     }
     assert sorted(_table(tmp_path).scan().to_arrow().column("id").to_pylist()) == list(range(5))
+
+
+def test_partition_directories_decoded_and_checked(tmp_path: Path) -> None:
+    """Directory values: Spark's %XX escaping undone, the null directory, the ``v`` prefix;
+    a value the file's own bounds contradict (directories merged by a case-insensitive
+    filesystem) is refused. No Spark needed."""
+    from eosink_iceberg.native import _Part, _partition_record
+    from eosink_iceberg.transforms import PartitionTerm
+
+    def footer(values: list[Any]) -> Any:
+        path = tmp_path / "f.parquet"
+        pq.write_table(pa.table({"grp": pa.array(values, pa.string())}), path)
+        return pq.read_metadata(path)
+
+    ident = [_Part(PartitionTerm("identity", "grp"), "eosink_p0", "str")]
+    trunc = [_Part(PartitionTerm("truncate", "grp", 2), "eosink_p0", "str")]
+    assert _partition_record("eosink_p0=vde%2Fat%25%3D/f", ident, footer(["de/at%="])) == (
+        "de/at%=",
+    )
+    assert _partition_record("eosink_p0=v/f", ident, footer(["", ""])) == ("",)
+    assert _partition_record("eosink_p0=__HIVE_DEFAULT_PARTITION__/f", ident, footer([None])) == (
+        None,
+    )
+    assert _partition_record("eosink_p0=vab/f", trunc, footer(["abc", "abz"])) == ("ab",)
+    with pytest.raises(eosink.SinkError, match="case-insensitive"):
+        _partition_record("eosink_p0=va/f", ident, footer(["A", "A"]))
+    with pytest.raises(eosink.SinkError, match="not partitioned as asked"):
+        _partition_record("f", ident, footer(["A"]))

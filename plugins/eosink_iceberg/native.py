@@ -514,7 +514,7 @@ def _decode(raw: str, kind: str) -> Any:
 
 
 def _check_string_value(footer: Any, term: PartitionTerm, value: Any, rel: str) -> None:
-    """The footer's min and max of the source column must give ``value`` (a case-insensitive
+    """The footer's bounds of the source column must hold ``value`` (a case-insensitive
     filesystem would merge the directories of ``a`` and ``A``)."""
     schema = footer.schema
     idx = next((i for i in range(len(schema)) if schema.column(i).path == term.source), None)
@@ -527,14 +527,15 @@ def _check_string_value(footer: Any, term: PartitionTerm, value: Any, rel: str) 
         if stats is None:
             continue
         if value is None:
-            ok = not stats.has_min_max
+            ok = not stats.has_min_max  # a null partition value: only nulls in the file
         elif not stats.has_min_max:
-            ok = False
+            continue  # no bounds (values too long for Parquet's statistics): nothing to check
         else:
             lo, hi = stats.min, stats.max
             if isinstance(lo, bytes):
-                lo, hi = lo.decode(), hi.decode()
-            ok = {lo[:width] if width else lo, hi[:width] if width else hi} == {value}
+                lo, hi = lo.decode(errors="replace"), hi.decode(errors="replace")
+            # Bounds may be truncated (a writer setting): a range check, exact when not.
+            ok = (lo[:width] if width else lo) <= value <= (hi[:width] if width else hi)
         if not ok:
             raise SinkError(
                 f"data file {rel!r}: its values of {term.source!r} do not match its partition "
