@@ -103,7 +103,13 @@ def test_native_round_trip_of_every_type(spark: Any, tmp_path: Path) -> None:
         " 'when', date_add(date'2024-02-28', cast(id as int)))) as s",
         "if(id % 3 = 0, null, named_struct('x', if(id > 40, null, id))) as maybe",
     )
-    r = _run(df, tmp_path)
+    legacy = "spark.sql.parquet.writeLegacyFormat"
+    spark.conf.set(legacy, "true")  # a user's setting: overridden for the write, restored
+    try:
+        r = _run(df, tmp_path)
+        assert spark.conf.get(legacy) == "true"
+    finally:
+        spark.conf.unset(legacy)
     assert r.rows == 50 and r.figures is not None and r.figures.writer == "spark"
     table = _table(tmp_path)
     expected = _by_id(df.toArrow().to_pylist())

@@ -56,11 +56,13 @@ log = logging.getLogger("eosink.iceberg")
 
 FIELD_ID = "parquet.field.id"
 # Session confs set for the write (and restored): Iceberg wants INT64 microsecond timestamps
-# (Spark's default is INT96), field ids, and proleptic Gregorian dates as they are.
+# (Spark's default is INT96), field ids, proleptic Gregorian dates as they are, and decimals
+# as INT32/INT64 up to precision 18 (pyiceberg's statistics code expects them so).
 _WRITE_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.fieldId.write.enabled": "true",
     "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.writeLegacyFormat": "false",
 }
 # Iceberg's write.parquet.compression-codec -> Spark's parquet compression.
 _CODECS = {
