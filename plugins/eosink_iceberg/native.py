@@ -443,7 +443,7 @@ def _data_files(
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
-    filesystem, root, _ = _compat.location_filesystem(io_properties, path)
+    filesystem, root, scheme = _compat.location_filesystem(io_properties, path)
     root = root.rstrip("/")
     infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
     found: list[tuple[str, int]] = []
@@ -457,12 +457,24 @@ def _data_files(
             continue
         found.append((rel, int(info.size or 0)))
 
+    local = scheme == "file"
+
     def footer(rel: str) -> Any:
+        if local:  # Spark's writers do not fsync: the files are durable before PENDING
+            _fsync(f"{root}/{rel}")
         with filesystem.open_input_file(f"{root}/{rel}") as fh:
             return pq.read_metadata(fh)
 
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(found)))) as pool:
         footers = list(pool.map(footer, [rel for rel, _ in found]))
+        if local:  # the directory entries too, deepest first
+            dirs = {root}
+            for rel, _ in found:
+                parts_of = rel.split("/")[:-1]
+                dirs |= {"/".join([root, *parts_of[: i + 1]]) for i in range(len(parts_of))}
+            for d in sorted(dirs, key=lambda x: -x.count("/")):
+                _fsync(d)
+            _fsync(root.rsplit("/", 1)[0])
     spec_id = metadata.default_spec_id
     out = []
     for (rel, size), meta in zip(found, footers, strict=True):
@@ -478,6 +490,17 @@ def _data_files(
         except Exception:  # an orphan of the epoch: swept after its commit
             pass
     return out
+
+
+def _fsync(path: str) -> None:
+    """fsync a local file or directory."""
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _partition_record(rel: str, parts: list[_Part], footer: Any) -> tuple[Any, ...]:
