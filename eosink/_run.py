@@ -172,7 +172,9 @@ def _write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
     rt = ep.runtime
     setup = ep.setup(schema)
     try:
-        return write_epoch(df, rt.plugin, rt.options, rt.sink_id, ep.epoch, setup, rt.coordinator)
+        return write_epoch(
+            df, rt.plugin, rt.options, rt.sink_id, ep.epoch, setup, rt.coordinator, schema
+        )
     except BaseException:
         ep.discard()
         raise

@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from ._session import arrow_schema
 from ._tasks import _task_fn
 from .errors import EosinkError, SinkError
@@ -44,12 +46,12 @@ class Written:
     writer: str  # "spark" (native path) or "python"
 
 
-def writer_kind(coordinator: SinkCommitCoordinator[Any, Any] | None, df: DataFrame) -> str:
-    """``spark`` when the coordinator stages this DataFrame with Spark's writers, else
-    ``python`` (logged once per sink and reason when the coordinator could but declines)."""
+def writer_kind(coordinator: SinkCommitCoordinator[Any, Any] | None, schema: pa.Schema) -> str:
+    """``spark`` when the coordinator stages DataFrames of ``schema`` with Spark's writers,
+    else ``python`` (logged once per sink and reason when the coordinator could but declines)."""
     if not isinstance(coordinator, SparkWriter):
         return "python"
-    why = coordinator.spark_write_unsupported(arrow_schema(df))
+    why = coordinator.spark_write_unsupported(schema)
     if why is None:
         return "spark"
     key = (str(id(coordinator)), why)
@@ -67,13 +69,16 @@ def write_epoch(
     epoch: int,
     setup: Any = None,
     coordinator: SinkCommitCoordinator[Any, Any] | None = None,
+    schema: pa.Schema | None = None,
 ) -> Written:
     """Write ``epoch``'s rows (staged, invisible) on the path the sink takes for ``df``.
+
+    ``schema``: ``df``'s Arrow schema when the caller has it already (else derived).
 
     Raises:
         SinkError: writing failed (the message ends with the writer's or Spark's own error).
     """
-    kind = writer_kind(coordinator, df)
+    kind = writer_kind(coordinator, schema if schema is not None else arrow_schema(df))
     t0 = time.perf_counter()
     try:
         if kind == "spark":

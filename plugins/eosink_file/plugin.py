@@ -279,12 +279,28 @@ def _json_default(v: Any) -> Any:
     raise TypeError(f"cannot write {type(v).__name__} as JSON")
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """fsync a file or a directory."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any], fsync: bool) -> None:
+    """Write ``data`` as JSON to ``path`` by rename: readers see the old or the new file."""
+    d = path.parent
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(json.dumps(data, sort_keys=True).encode())
+        fh.flush()
+        if fsync:
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        _fsync(d)
 
 
 def _suffix(opts: FileSinkOptions) -> str:
@@ -346,16 +362,8 @@ class _OpenFile:
                 os.fsync(self.fh.fileno())
             self.fh.close()
         elif fsync:
-            _fsync_file(self.path)
+            _fsync(self.path)
         return self.path.stat().st_size
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
@@ -529,9 +537,9 @@ class FileCoordinator(
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(max_workers=8) as pool:
-                list(pool.map(_fsync_file, [self.root / f["staged"] for f in files]))
+                list(pool.map(_fsync, [self.root / f["staged"] for f in files]))
             for d in {stage / Path(f["partition"]) for f in files}:
-                _fsync_dir(d)
+                _fsync(d)
         return [{"files": files}]
 
     def init(self) -> None:
@@ -555,17 +563,7 @@ class FileCoordinator(
         return dict(data)
 
     def _store_marker(self, marker: dict[str, Any]) -> None:
-        d = self.marker_path.parent
-        d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{self.marker_path.name}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(json.dumps(marker, sort_keys=True).encode())
-            fh.flush()
-            if self.opts.fsync:
-                os.fsync(fh.fileno())
-        os.replace(tmp, self.marker_path)
-        if self.opts.fsync:
-            _fsync_dir(d)
+        _write_json_atomic(self.marker_path, marker, self.opts.fsync)
         self._marker = marker
 
     def write_marker(self, marker: dict[str, Any]) -> None:
@@ -629,7 +627,7 @@ class FileCoordinator(
                 fault_point("mid_commit")
         if self.opts.fsync:
             for d in dirs:
-                _fsync_dir(d)
+                _fsync(d)
         self._write_manifest(epoch, committable)
         # Leftovers of failed or speculative task attempts of this epoch.
         shutil.rmtree(self.staging / str(epoch), ignore_errors=True)
@@ -639,20 +637,11 @@ class FileCoordinator(
         path = self.commits / f"{epoch}.json"
         if path.exists():
             return
-        self.commits.mkdir(parents=True, exist_ok=True)
         manifest = {
             "epoch": epoch,
             "files": [{"path": f["final"], "bytes": f["bytes"]} for f in committable["files"]],
         }
-        tmp = self.commits / f".{epoch}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(json.dumps(manifest, sort_keys=True).encode())
-            fh.flush()
-            if self.opts.fsync:
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        if self.opts.fsync:
-            _fsync_dir(self.commits)
+        _write_json_atomic(path, manifest, self.opts.fsync)
 
     def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
         target = self.staging / str(epoch)
