@@ -195,6 +195,9 @@ def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: 
     rows = sum(m.rows for m in msgs)
     committable, fig = rt.pre_commit(epoch, results, rows=rows, write_s=0.0)
     rt.commit_epoch(epoch, committable, fig)
+    # Files that span epochs: a batch write publishes everything; a stream what is due by
+    # time (this front end has no stop hook: open files roll at a later micro-batch).
+    rt.roll(everything=not stream)
 
 
 def _arrow(schema: StructType) -> pa.Schema:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
+from .sink import Rolling
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -80,11 +81,39 @@ class StreamingHandle:
         """The epochs this handle's micro-batches wrote that are committed so far, in order."""
         return [f.epoch for f in self.figures if f.committed_at]
 
+    def __post_init__(self) -> None:
+        self._stop_rolls = threading.Event()
+        self._roller: threading.Thread | None = None
+        if isinstance(self.runtime.coordinator, Rolling):
+            self._roller = threading.Thread(
+                target=self._roll_loop, name=f"eosink-roll-{self.sink_id}", daemon=True
+            )
+            self._roller.start()
+
+    def _roll_loop(self) -> None:
+        """Publish open files that are due by time (rollover, inactivity) between batches."""
+        coord = self.runtime.coordinator
+        assert isinstance(coord, Rolling)
+        while not self._stop_rolls.is_set():
+            wait = coord.next_roll_in()
+            if wait is not None and wait <= 0:
+                try:
+                    self.runtime.roll(everything=False)
+                except Exception:
+                    log.exception("sink %s: rolling open files failed; retrying", self.sink_id)
+                    self._stop_rolls.wait(5.0)
+                    continue
+                wait = coord.next_roll_in()
+            self._stop_rolls.wait(min(1.0, wait) if wait is not None else 1.0)
+
     def _finish(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        self._stop_rolls.set()
+        if self._roller is not None:
+            self._roller.join()
         try:
             if self.committer is not None:
                 self.committer.drain(until_checkpointed=True)
@@ -96,6 +125,7 @@ class StreamingHandle:
                         self.sink_id,
                         left,
                     )
+            self.runtime.roll(everything=True)  # a stopped stream leaves no rows waiting
         finally:
             if self.committer is not None:
                 self.committer.close()

@@ -28,7 +28,14 @@ from .errors import (
     UnfinishedRunError,
 )
 from .faults import fault_point
-from .sink import Prepared, SinkCommitCoordinator, SinkPlugin, StagedEpochs, TargetMarker
+from .sink import (
+    Prepared,
+    Rolling,
+    SinkCommitCoordinator,
+    SinkPlugin,
+    StagedEpochs,
+    TargetMarker,
+)
 
 log = logging.getLogger("eosink")
 
@@ -55,6 +62,10 @@ class EpochFigures:
         batch_end_at: wall-clock time (``time.time()``) the epoch's data was complete.
         committed_at: wall-clock time its commit was visible (0 until then).
         skipped: a replay of a committed epoch (nothing written).
+        held_rows: rows of committed epochs the sink still holds in open files after this
+            epoch (files that span epochs: the file sink's rolling options); visible once
+            their file rolls, so their visibility lag is up to the rolling interval.
+        held_bytes: their size in bytes.
     """
 
     epoch: int
@@ -68,6 +79,8 @@ class EpochFigures:
     batch_end_at: float = 0.0
     committed_at: float = 0.0
     skipped: bool = False
+    held_rows: int = 0
+    held_bytes: int = 0
     writer: str = ""
     """Which writers staged the epoch: ``spark`` (the native path) or ``python``."""
 
@@ -509,6 +522,25 @@ class SinkRuntime:
         self.write_marker()
         return new_base
 
+    def roll(self, everything: bool) -> int:
+        """Let a sink whose files span epochs publish the due ones (:class:`Rolling`)."""
+        c = self.coordinator
+        if not isinstance(c, Rolling):
+            return 0
+        wait = None if everything else c.next_roll_in()
+        if everything or (wait is not None and wait <= 0):
+            self.store.assert_live(self.sink_id, self.generation)
+            n = c.roll(everything)
+            if n:
+                log.info(
+                    "sink %s: rolled %d open file(s)%s",
+                    self.sink_id,
+                    n,
+                    " (end of run)" if everything else "",
+                )
+            return n
+        return 0
+
     def close(self) -> None:
         try:
             self.coordinator.close()
@@ -659,12 +691,14 @@ class SinkRuntime:
             pre_commit_ms=pre_ms,
             persist_ms=(time.perf_counter() - t0) * 1000 - pre_ms,
             batch_end_at=batch_end,
+            held_rows=prepared.held_rows,
+            held_bytes=prepared.held_bytes,
             writer=writer,
         )
         self.figures[epoch] = fig
         log.info(
             "sink %s epoch %d: PENDING (rows=%d files=%d bytes=%d write=%.3fs (%s) "
-            "pre_commit=%.1fms persist=%.1fms)",
+            "pre_commit=%.1fms persist=%.1fms%s)",
             self.sink_id,
             epoch,
             rows,
@@ -674,6 +708,9 @@ class SinkRuntime:
             writer,
             fig.pre_commit_ms,
             fig.persist_ms,
+            f" held in open files: rows={prepared.held_rows} bytes={prepared.held_bytes}"
+            if prepared.held_rows or prepared.held_bytes
+            else "",
         )
         fault_point("after_persist")
         return committable, fig

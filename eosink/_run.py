@@ -149,6 +149,14 @@ def run(
 def _run_batch(
     df: DataFrame, runtime: SinkRuntime, schema: pa.Schema, epoch: int | None
 ) -> BatchResult:
+    result = _batch_epoch(df, runtime, schema, epoch)
+    runtime.roll(everything=True)  # a batch run leaves no rows in open files
+    return result
+
+
+def _batch_epoch(
+    df: DataFrame, runtime: SinkRuntime, schema: pa.Schema, epoch: int | None
+) -> BatchResult:
     sid = runtime.sink_id
     ep = runtime.batch_epoch(epoch)
     e = ep.epoch

@@ -22,6 +22,18 @@ after_lineage_written  a fresh checkpoint's lineage file is written, the meta st
                        does not know it yet
 =====================  =============================================================
 
+Points of sinks whose files span epochs (the file sink's rolling options):
+
+=====================  =============================================================
+roll_after_part        pre_commit uploaded a part (S3) or appended to an in-progress
+                       file (local); the committable is not persisted
+roll_mid_merge         merging a rolling slot's Parquet/ORC pieces: half are written
+roll_before_publish    about to publish a rolled file (CompleteMultipartUpload, link)
+roll_after_publish     a rolled file is visible; slot state and pieces untouched
+roll_before_drop       the slots' state is stored; rolled pieces not yet deleted
+roll_after_drop        the rolled slots' staged pieces are deleted
+=====================  =============================================================
+
 Executor points kill the Python worker of a task's *first* attempt (a lost executor; Spark
 retries the task): ``task_before_finish`` before ``finish_write``, ``task_after_finish``
 after it (the writer's files are durable, its result never reaches the driver).
@@ -58,6 +70,12 @@ DRIVER_FAULT_POINTS = (
     "recovery_before_abort",
     "recovery_before_finish_abort",
     "after_lineage_written",
+    "roll_after_part",
+    "roll_mid_merge",
+    "roll_before_publish",
+    "roll_after_publish",
+    "roll_before_drop",
+    "roll_after_drop",
 )
 """The driver's fault points, in protocol order (see the table above)."""
 EXECUTOR_FAULT_POINTS = ("task_before_finish", "task_after_finish")

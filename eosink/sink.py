@@ -43,6 +43,7 @@ __all__ = [
     "CoordinatedSinkWriter",
     "JsonCodec",
     "Prepared",
+    "Rolling",
     "SinkCommitCoordinator",
     "SinkPlugin",
     "SparkWriter",
@@ -121,11 +122,16 @@ class Prepared(Generic[C]):
             persisted (PENDING) before the epoch is checkpointed.
         files: the files (or other units: objects, messages) the commit will publish.
         bytes: their size in bytes.
+        held_rows: rows of committed epochs (this one included) the sink holds back after
+            this commit (open files that span epochs, :class:`Rolling`); 0 for most sinks.
+        held_bytes: their size in bytes.
     """
 
     committable: C
     files: int = 0
     bytes: int = 0
+    held_rows: int = 0
+    held_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -290,6 +296,39 @@ class SparkWriter(ABC, Generic[R]):
         Returns:
             The write results ``pre_commit`` aggregates. Nothing may be visible to readers.
         """
+
+
+class Rolling(ABC):
+    """Optional mixin for a coordinator whose files span epochs (they *roll*).
+
+    Such a sink commits an epoch's rows into open files that become visible later, when a
+    rolling condition is met (size, rows, age, inactivity). Some conditions are met between
+    epochs, and a run's end must not leave rows waiting: the core calls :meth:`roll` at the
+    end of a batch run (``everything=True``), when a stream stops or ends
+    (``everything=True``) and, while a stream runs, whenever :meth:`next_roll_in` says a
+    file is due (from a timer thread on the driver).
+
+    Contract:
+        * Only committed data: a roll publishes rows of committed epochs only; it never runs
+            while an epoch the coordinator prepared is neither committed nor aborted (it
+            returns 0 then), so it cannot race a PENDING epoch's commit or its recovery.
+        * Crash safety from the target: a roll changes no meta store state, so a crash in it
+            is repaired from the target at the next ``init`` (a rolled file found published
+            while its open file is still recorded is not published again).
+        * Thread-safe against ``pre_commit``/``commit``/``abort`` on other threads.
+    """
+
+    @abstractmethod
+    def roll(self, everything: bool) -> int:
+        """Publish the open files that are due (every one with ``everything``).
+
+        Returns:
+            The number of files published.
+        """
+
+    @abstractmethod
+    def next_roll_in(self) -> float | None:
+        """Seconds until an open file is due by time, or None when none can be."""
 
 
 class StagedEpochs(ABC):

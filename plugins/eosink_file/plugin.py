@@ -39,6 +39,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -50,6 +51,7 @@ from eosink import (
     CoordinatedSinkWriter,
     JsonCodec,
     Prepared,
+    Rolling,
     SchemaMismatchError,
     SinkCommitCoordinator,
     SinkError,
@@ -60,6 +62,9 @@ from eosink import (
     WriterContext,
     fault_point,
 )
+
+from ._rolling import Roller
+from ._s3 import S3Store, local_tmp_dir
 
 log = logging.getLogger("eosink.file")
 
@@ -143,7 +148,9 @@ class FileSinkOptions(BaseModel):
     the format can be written with.
 
     Attributes:
-        path: output directory (local filesystem; created if missing).
+        path: output directory: a local directory (created if missing) or
+            ``s3://bucket/prefix`` (boto3, extra ``eosink[s3]``; written by the Python
+            writers).
         format: ``parquet`` (default), ``orc``, ``json`` (JSON lines), ``csv`` (with a header)
             or ``text`` (one string column, one line per row).
         partition_by: distinct columns giving Hive-style ``col=value/`` directories. Values
@@ -160,6 +167,22 @@ class FileSinkOptions(BaseModel):
             ``{"parquet.block.size": "67108864"}``...), native path only. For CSV eosink sets
             ``header=true`` and ``escape="`` unless given here.
         fsync: fsync staged files and published directories (durability on power loss).
+        rollover_seconds: rolling: an open file is published once its first epoch is this
+            old (checked at every epoch, and by a timer between micro-batches).
+        max_row_count: rolling: an open file is published once it holds this many rows.
+        max_file_bytes: rolling: an open file is published once it holds this many bytes.
+        inactivity_seconds: rolling: an open file that got no rows for this long is
+            published (so a quiet partition's rows do not wait for the next epoch).
+            With none of the four rolling options (the default) every epoch publishes its
+            own files. With any of them, each partition directory has one open file that
+            collects the rows of consecutive epochs, published when any condition is met,
+            at a batch run's end and when a stream stops or ends (``availableNow``).
+        s3_endpoint_url: ``s3://`` paths: the S3 endpoint (default: AWS's).
+        s3_region: ``s3://`` paths: the region (default: boto3's configuration).
+        s3_access_key_id: ``s3://`` paths: the access key (default: boto3's credential chain).
+        s3_secret_access_key: ``s3://`` paths: the secret key; never logged or stored.
+        s3_session_token: ``s3://`` paths: a session token; never logged or stored.
+        s3_part_bytes: ``s3://`` paths: the size of multipart upload parts (>= 5 MiB).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -171,14 +194,29 @@ class FileSinkOptions(BaseModel):
     writer: Literal["auto", "spark", "python"] = "auto"
     format_options: dict[str, str] = Field(default_factory=dict)
     fsync: bool = True
+    rollover_seconds: float | None = Field(default=None, gt=0)
+    max_row_count: int | None = Field(default=None, ge=1)
+    max_file_bytes: int | None = Field(default=None, ge=1)
+    inactivity_seconds: float | None = Field(default=None, gt=0)
+    s3_endpoint_url: str | None = None
+    s3_region: str | None = None
+    s3_access_key_id: str | None = Field(default=None, repr=False)
+    s3_secret_access_key: SecretStr | None = None
+    s3_session_token: SecretStr | None = None
+    s3_part_bytes: int = Field(default=8 * 1024 * 1024, ge=5 * 1024 * 1024)
 
     @field_validator("path")
     @classmethod
     def _local_path(cls, v: str) -> str:
+        if v.startswith("s3://"):
+            bucket, _, _ = v.removeprefix("s3://").partition("/")
+            if not bucket:
+                raise ValueError(f"{v!r} names no bucket; use s3://bucket/prefix")
+            return "s3://" + v.removeprefix("s3://").rstrip("/")
         if "://" in v and not v.startswith("file://"):
             raise ValueError(
-                "only local paths are supported by the file sink in this version "
-                f"(got {v.split('://')[0]}://)"
+                "the file sink writes local paths and s3://bucket/prefix "
+                f"(got {v.split('://')[0]}://; for s3a:// write s3://)"
             )
         resolved = Path(v.removeprefix("file://")).expanduser().resolve()
         problem = _not_writable(resolved)
@@ -238,7 +276,50 @@ class FileSinkOptions(BaseModel):
                 "format_options are options of Spark's writers; writer='python' does not use "
                 "them (drop them, or use writer='auto')"
             )
+        s3_set = [
+            k
+            for k in (
+                "s3_endpoint_url",
+                "s3_region",
+                "s3_access_key_id",
+                "s3_secret_access_key",
+                "s3_session_token",
+            )
+            if getattr(self, k) is not None
+        ]
+        if self.is_s3:
+            if self.writer == "spark":
+                raise ValueError(
+                    "writer='spark' cannot write s3:// paths (Spark would need hadoop-aws and "
+                    "its own S3A credentials); use writer='auto': the Python writers upload "
+                    "through boto3"
+                )
+            if self.format_options:
+                raise ValueError(
+                    "format_options are options of Spark's writers, which do not write s3:// "
+                    "paths: drop them"
+                )
+        elif s3_set:
+            raise ValueError(f"{', '.join(s3_set)} only apply to s3:// paths (path={self.path!r})")
         return self
+
+    @property
+    def is_s3(self) -> bool:
+        """Whether the path is an S3 prefix."""
+        return self.path.startswith("s3://")
+
+    @property
+    def rolling(self) -> bool:
+        """Whether any rolling option is set (files span epochs)."""
+        return any(
+            v is not None
+            for v in (
+                self.rollover_seconds,
+                self.max_row_count,
+                self.max_file_bytes,
+                self.inactivity_seconds,
+            )
+        )
 
     @property
     def codec(self) -> str:
@@ -378,18 +459,17 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
             )
         self.opts = opts
         self.ctx = ctx
-        self.root = Path(opts.path)
+        self.s3: S3Store | None = S3Store(opts) if opts.is_s3 else None
+        # On S3 the files are written to a private local directory, then uploaded.
+        self.root = local_tmp_dir() if self.s3 is not None else Path(opts.path)
         self.files: dict[str, _OpenFile] = {}
         self.epoch = ctx.epoch
 
+    def _stage_rel(self) -> str:
+        return f"{STAGING_DIR}/{sink_key(self.ctx.sink_id)}/{self.epoch}/{self.ctx.attempt_id}"
+
     def _stage_dir(self) -> Path:
-        return (
-            self.root
-            / STAGING_DIR
-            / sink_key(self.ctx.sink_id)
-            / str(self.epoch)
-            / self.ctx.attempt_id
-        )
+        return self.root / self._stage_rel()
 
     def begin_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -431,7 +511,7 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
     def finish_write(self, epoch: int) -> dict[str, Any]:
         out = []
         for partition, f in self.files.items():
-            size = f.close(self.opts.fsync)
+            size = f.close(self.opts.fsync and self.s3 is None)
             out.append(
                 {
                     "staged": f.path.relative_to(self.root).as_posix(),
@@ -441,7 +521,31 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
                 }
             )
         self.files.clear()
+        if self.s3 is not None:
+            try:
+                out = [self._upload(n, f) for n, f in enumerate(out)]
+            finally:
+                shutil.rmtree(self.root, ignore_errors=True)
         return {"files": out}
+
+    def _upload(self, n: int, f: dict[str, Any]) -> dict[str, Any]:
+        """S3: a staged piece (rolling), or an open multipart upload at its final name."""
+        assert self.s3 is not None
+        local = self.root / f["staged"]
+        if self.opts.rolling:
+            self.s3.upload_file(local, f["staged"])
+            return f
+        token = hashlib.sha1(self.ctx.attempt_id.encode()).hexdigest()[:10]
+        key8 = sink_key(self.ctx.sink_id)[:8]
+        name = f"part-{self.epoch:010d}-s{key8}-{token}-{n:03d}.{_suffix(self.opts)}"
+        final = f"{f['partition']}/{name}" if f["partition"] else name
+        upload_id, parts = self.s3.upload_file_parts(local, final)
+        return {
+            **f,
+            "staged": None,
+            "final": final,
+            "upload": {"id": upload_id, "parts": [p.as_dict() for p in parts]},
+        }
 
     def abort_write(self) -> None:
         for f in self.files.values():
@@ -452,7 +556,7 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
             except Exception:
                 pass
         self.files.clear()
-        shutil.rmtree(self._stage_dir(), ignore_errors=True)
+        shutil.rmtree(self.root if self.s3 is not None else self._stage_dir(), ignore_errors=True)
 
 
 class FileCoordinator(
@@ -460,6 +564,7 @@ class FileCoordinator(
     SparkWriter[dict[str, Any]],
     StagedEpochs,
     TargetMarker,
+    Rolling,
 ):
     """Publishes an epoch's staged files atomically; deletes them on abort.
 
@@ -467,16 +572,54 @@ class FileCoordinator(
     ``last_epoch``, rewritten atomically (fsync'd) by ``commit`` before it publishes files.
     Each committed epoch's manifest is ``_eosink/commits/<sink key>/<epoch>.json``, written
     (atomically, fsync'd) once all its files are published: readers that go by the
-    manifests (:func:`committed_files`) see whole epochs only.
+    manifests (:func:`committed_files`) see whole epochs only. With rolling options the
+    files span epochs (:mod:`eosink_file._rolling`).
     """
 
     def __init__(self, opts: FileSinkOptions, sink_id: str) -> None:
         self.opts = opts
-        self.root = Path(opts.path)
-        self.staging = self.root / STAGING_DIR / sink_key(sink_id)
-        self.marker_path = self.root / MARKER_DIR / f"{sink_key(sink_id)}.json"
-        self.commits = self.root / MARKER_DIR / COMMITS_DIR / sink_key(sink_id)
+        self.key = sink_key(sink_id)
+        self.s3: S3Store | None = S3Store(opts) if opts.is_s3 else None
+        self.root = Path(opts.path) if self.s3 is None else Path("/nonexistent")
+        self.staging_rel = f"{STAGING_DIR}/{self.key}"
+        self.staging = self.root / self.staging_rel
+        self.marker_rel = f"{MARKER_DIR}/{self.key}.json"
+        self.marker_path = self.root / self.marker_rel
+        self.commits_rel = f"{MARKER_DIR}/{COMMITS_DIR}/{self.key}"
+        self.commits = self.root / self.commits_rel
         self._marker: dict[str, Any] | None = None
+        self.roller = (
+            Roller(
+                opts,
+                self.key,
+                None if self.s3 else self.root,
+                self.s3,
+                _suffix(opts),
+                self._write_json,
+                self._read_json,
+            )
+            if opts.rolling
+            else None
+        )
+
+    # -- storage ---------------------------------------------------------------------------
+    def _read_json(self, rel: str) -> dict[str, Any] | None:
+        try:
+            raw = self.s3.get(rel) if self.s3 is not None else (self.root / rel).read_bytes()
+        except FileNotFoundError:
+            return None
+        except Exception as exc:
+            if self.s3 is not None and _s3_missing(exc):
+                return None
+            raise
+        data: dict[str, Any] = json.loads(raw)
+        return data
+
+    def _write_json(self, rel: str, data: dict[str, Any]) -> None:
+        if self.s3 is not None:  # a PUT replaces the object atomically
+            self.s3.put(rel, json.dumps(data, sort_keys=True).encode())
+        else:
+            _write_json_atomic(self.root / rel, data, self.opts.fsync)
 
     # -- the native path -------------------------------------------------------------------
     def spark_write_unsupported(self, schema: pa.Schema) -> str | None:
@@ -487,9 +630,16 @@ class FileCoordinator(
         """
         if self.opts.writer == "python":
             return "the file sink's option writer='python'"
+        if self.s3 is not None:
+            return "the path is on S3 (the Python writers upload through boto3)"
         why = None
         if self.opts.format == "parquet" and self.opts.codec == "brotli":
             why = "Spark ships no Brotli codec for Parquet (compression='brotli')"
+        elif self.opts.max_row_count is not None and self.opts.format in ("json", "csv", "text"):
+            why = (
+                "max_row_count needs each file's row count, which Spark's text writers do not "
+                "report"
+            )
         if why and self.opts.writer == "spark":
             raise ConfigError(f"writer='spark' is not possible: {why}; use writer='auto'")
         return why
@@ -529,7 +679,7 @@ class FileCoordinator(
                 {
                     "staged": p.relative_to(self.root).as_posix(),
                     "partition": rel.parent.as_posix() if rel.parent.parts else "",
-                    "rows": None,
+                    "rows": _file_rows(p, fmt) if self.opts.max_row_count else None,
                     "bytes": size,
                 }
             )
@@ -543,27 +693,33 @@ class FileCoordinator(
         return [{"files": files}]
 
     def init(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        if self.s3 is not None:
+            self.s3.check_bucket()
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+        if self.roller is not None:
+            self.roller.load()
 
     def target_id(self) -> str:
-        return f"file:{self.root}"
+        return f"file:{self.opts.path}" if self.s3 is not None else f"file:{self.root}"
 
     # -- the marker ------------------------------------------------------------------------
     def read_marker(self) -> dict[str, Any] | None:
         try:
-            data: dict[str, Any] = json.loads(self.marker_path.read_bytes())
-        except FileNotFoundError:
-            return None
+            data = self._read_json(self.marker_rel)
         except ValueError as exc:
             raise SinkError(
-                f"the eosink marker {self.marker_path} is corrupt ({exc}); it records which "
-                "epochs this directory holds. Restore it, or move the directory aside"
+                f"the eosink marker {self.marker_rel} under {self.opts.path} is corrupt "
+                f"({exc}); it records which epochs this directory holds. Restore it, or move "
+                "the directory aside"
             ) from None
+        if data is None:
+            return None
         self._marker = data
         return dict(data)
 
     def _store_marker(self, marker: dict[str, Any]) -> None:
-        _write_json_atomic(self.marker_path, marker, self.opts.fsync)
+        self._write_json(self.marker_rel, marker)
         self._marker = marker
 
     def write_marker(self, marker: dict[str, Any]) -> None:
@@ -575,11 +731,29 @@ class FileCoordinator(
             self.read_marker()
         return int((self._marker or {}).get("last_epoch", -1))
 
+    # -- the protocol ----------------------------------------------------------------------
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
+        staged = [f for r in results for f in r["files"]]
+        if self.roller is not None:
+            c = self.roller.prepare(epoch, staged)
+            held_rows, held_bytes = self.roller.held(c["state"])
+            return Prepared(
+                c,
+                files=len(c["rolled"]),
+                bytes=sum(int(r["bytes"]) for r in c["rolled"]),
+                held_rows=held_rows,
+                held_bytes=held_bytes,
+            )
+        if self.s3 is not None:  # the writers' uploads are open at their final names
+            files = sorted(staged, key=lambda f: str(f["final"]))
+            for f in files:
+                f["start_epoch"] = f["end_epoch"] = epoch
+            return Prepared(
+                {"files": files}, files=len(files), bytes=sum(int(f["bytes"]) for f in files)
+            )
         token = uuid.uuid4().hex[:12]
         files = []
-        staged = sorted((f for r in results for f in r["files"]), key=lambda f: str(f["staged"]))
-        for n, f in enumerate(staged):
+        for n, f in enumerate(sorted(staged, key=lambda f: str(f["staged"]))):
             # "parquet", "jsonl.gz"; Spark's "c000.snappy.parquet" loses its "c000".
             ext = re.sub(r"^c\d+\.", "", Path(f["staged"]).name.split(".", 1)[1])
             name = f"part-{epoch:010d}-{n:05d}-{token}.{ext}"
@@ -604,6 +778,39 @@ class FileCoordinator(
         if epoch > self._last_epoch():
             # Before anything is visible: the marker never says less than the target holds.
             self._store_marker({**(self._marker or {}), "last_epoch": epoch})
+        if self.roller is not None:
+            rolled = self.roller.commit(epoch, committable)
+            self._write_manifest(
+                epoch,
+                [
+                    {
+                        "path": r["final"],
+                        "bytes": r["bytes"],
+                        "start_epoch": r["start"],
+                        "end_epoch": r["end"],
+                    }
+                    for r in rolled
+                ],
+            )
+            self.roller.after_commit(epoch, committable)
+            self._clean_epoch(epoch, keep=self.roller.referenced())
+            return
+        if self.s3 is not None:
+            for i, f in enumerate(committable["files"]):
+                self.s3.complete(
+                    f["final"], f["upload"]["id"], f["upload"]["parts"], int(f["bytes"])
+                )
+                if i == 0:
+                    fault_point("mid_commit")
+        else:
+            self._publish_local(epoch, committable)
+        self._write_manifest(
+            epoch, [{"path": f["final"], "bytes": f["bytes"]} for f in committable["files"]]
+        )
+        # Leftovers of failed or speculative task attempts of this epoch.
+        self._clean_epoch(epoch, keep=set())
+
+    def _publish_local(self, epoch: int, committable: dict[str, Any]) -> None:
         dirs: set[Path] = set()
         for i, f in enumerate(committable["files"]):
             final = self.root / f["final"]
@@ -628,37 +835,109 @@ class FileCoordinator(
         if self.opts.fsync:
             for d in dirs:
                 _fsync(d)
-        self._write_manifest(epoch, committable)
-        # Leftovers of failed or speculative task attempts of this epoch.
-        shutil.rmtree(self.staging / str(epoch), ignore_errors=True)
 
-    def _write_manifest(self, epoch: int, committable: dict[str, Any]) -> None:
-        """The epoch's manifest, once every file of it is published (atomic, fsync'd)."""
-        path = self.commits / f"{epoch}.json"
-        if path.exists():
+    def _clean_epoch(self, epoch: int, keep: set[str]) -> None:
+        """Delete what is staged for ``epoch`` except ``keep`` (pieces of open slots)."""
+        prefix = f"{self.staging_rel}/{epoch}/"
+        if self.s3 is not None:
+            self.s3.delete([r for r, _ in self.s3.objects(prefix) if r not in keep])
             return
-        manifest = {
-            "epoch": epoch,
-            "files": [{"path": f["final"], "bytes": f["bytes"]} for f in committable["files"]],
-        }
-        _write_json_atomic(path, manifest, self.opts.fsync)
+        target = self.staging / str(epoch)
+        if not keep:
+            shutil.rmtree(target, ignore_errors=True)
+            return
+        if not target.is_dir():
+            return
+        for p in sorted(target.rglob("*"), reverse=True):
+            if p.is_file():
+                if p.relative_to(self.root).as_posix() not in keep:
+                    p.unlink(missing_ok=True)
+            elif p.is_dir():
+                try:
+                    p.rmdir()  # only when empty
+                except OSError:
+                    pass
+
+    def _write_manifest(self, epoch: int, files: list[dict[str, Any]]) -> None:
+        """The epoch's manifest, once every file of it is published (atomic, fsync'd)."""
+        rel = f"{self.commits_rel}/{epoch}.json"
+        if self.s3 is None and (self.root / rel).exists():
+            return
+        self._write_json(rel, {"epoch": epoch, "files": files})
 
     def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
-        target = self.staging / str(epoch)
+        keep: set[str] = set()
+        if self.roller is not None:
+            self.roller.abort(epoch, committable)
+            keep = self.roller.referenced()
         try:
-            victims = sorted(p for p in target.rglob("*") if p.is_file())
-            for i, p in enumerate(victims):
-                p.unlink(missing_ok=True)
-                if i == 0:
-                    fault_point("mid_abort")
-            shutil.rmtree(target, ignore_errors=True)
+            if self.s3 is not None and self.roller is None:
+                if committable is not None:
+                    for f in committable["files"]:
+                        self.s3.abort_upload(f["final"], f["upload"]["id"])
+                else:
+                    mine = f"part-{epoch:010d}-s{self.key[:8]}-"
+                    for rel, uid in self.s3.uploads():
+                        if rel.rsplit("/", 1)[-1].startswith(mine):
+                            self.s3.abort_upload(rel, uid)
+            if self.s3 is None and not keep:
+                target = self.staging / str(epoch)
+                victims = sorted(p for p in target.rglob("*") if p.is_file())
+                for i, p in enumerate(victims):
+                    p.unlink(missing_ok=True)
+                    if i == 0:
+                        fault_point("mid_abort")
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                self._clean_epoch(epoch, keep)
         except Exception:
-            log.exception("file sink: abort of epoch %d could not delete %s", epoch, target)
+            log.exception("file sink: abort of epoch %d could not delete its staged data", epoch)
 
     def staged_epochs(self) -> Iterable[int]:
+        if self.s3 is not None:
+            epochs = {
+                int(r[len(self.staging_rel) + 1 :].split("/", 1)[0])
+                for r, _ in self.s3.objects(f"{self.staging_rel}/")
+                if r[len(self.staging_rel) + 1 :].split("/", 1)[0].isdigit()
+            }
+            if self.roller is None:
+                mine = re.compile(rf"^part-(\d{{10}})-s{self.key[:8]}-")
+                for rel, _ in self.s3.uploads():
+                    m = mine.match(rel.rsplit("/", 1)[-1])
+                    if m:
+                        epochs.add(int(m.group(1)))
+            return sorted(epochs)
         if not self.staging.is_dir():
             return []
         return [int(p.name) for p in self.staging.iterdir() if p.name.isdigit()]
+
+    # -- rolling ---------------------------------------------------------------------------
+    def roll(self, everything: bool) -> int:
+        """Publish the open files that are due (every one with ``everything``)."""
+        if self.roller is None:
+            return 0
+        return len(self.roller.roll(everything, max(self._last_epoch(), 0)))
+
+    def next_roll_in(self) -> float | None:
+        return None if self.roller is None else self.roller.next_roll_in()
+
+
+def _s3_missing(exc: BaseException) -> bool:
+    code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+    return code in ("404", "NoSuchKey", "NotFound")
+
+
+def _file_rows(path: Path, fmt: str) -> int | None:
+    """Rows of a Parquet or ORC file Spark wrote, from its footer."""
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return int(pq.read_metadata(path).num_rows)
+    if fmt == "orc":
+        import pyarrow.orc as orc
+
+        return int(orc.ORCFile(str(path)).nrows)
+    return None
 
 
 def _empty_file(path: Path, fmt: str, size: int) -> bool:
@@ -677,7 +956,9 @@ def committed_files(path: str | os.PathLike[str], sink_id: str | None = None) ->
 
     A reader that lists the directory during a commit may see some files of the epoch being
     published and not yet the others; a reader that reads the files this returns sees whole
-    epochs only (an epoch's manifest is written once all its files are published).
+    epochs only (an epoch's manifest is written once all its files are published). With
+    rolling options, a file appears once it is rolled (the manifest of the epoch, or of the
+    roll between epochs, that published it); rows held in open files are not listed.
 
     Args:
         path: the sink's directory.
@@ -692,7 +973,7 @@ def committed_files(path: str | os.PathLike[str], sink_id: str | None = None) ->
     out: list[tuple[int, str]] = []
     for d in dirs:
         for m in d.glob("*.json"):
-            if not m.stem.isdigit():
+            if not re.fullmatch(r"\d+(\.roll-\d+)?", m.stem):
                 continue
             data = json.loads(m.read_bytes())
             out += [(int(data["epoch"]), str(root / f["path"])) for f in data["files"]]

@@ -1,0 +1,268 @@
+"""The file sink's S3 side, through boto3: objects, multipart uploads, listing.
+
+Every key the sink touches is ``<prefix>/<rel>`` where ``rel`` is the same relative path the
+local layout uses. Credentials come from the sink's options (``SecretStr``, never logged) or
+boto3's default chain.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eosink import MissingExtraError, SinkError
+
+if TYPE_CHECKING:
+    from .plugin import FileSinkOptions
+
+log = logging.getLogger("eosink.file")
+
+MIN_PART_BYTES = 5 * 1024 * 1024
+"""S3's smallest part (every part of a multipart upload but the last)."""
+
+
+def split_s3(path: str) -> tuple[str, str]:
+    """``s3://bucket/a/b/`` -> ``("bucket", "a/b")``."""
+    rest = path.removeprefix("s3://").removeprefix("s3a://")
+    bucket, _, prefix = rest.partition("/")
+    return bucket, prefix.strip("/")
+
+
+@functools.lru_cache(maxsize=16)
+def _client(
+    endpoint: str | None, region: str | None, key: str | None, secret: str | None, token: str | None
+) -> Any:
+    try:
+        import boto3
+        from botocore.config import Config
+    except ImportError as exc:  # pragma: no cover - exercised without the extra
+        raise MissingExtraError("boto3", "s3", "the file sink on s3://") from exc
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=region,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        aws_session_token=token,
+        config=Config(retries={"max_attempts": 8, "mode": "standard"}, max_pool_connections=32),
+    )
+
+
+@dataclass(frozen=True)
+class Part:
+    """One uploaded part of a multipart upload."""
+
+    n: int
+    etag: str
+    bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "etag": self.etag, "bytes": self.bytes}
+
+
+class S3Store:
+    """The bucket and prefix of one file sink."""
+
+    def __init__(self, opts: FileSinkOptions) -> None:
+        self.bucket, self.prefix = split_s3(opts.path)
+        self.part_bytes = opts.s3_part_bytes
+        self._args = (
+            opts.s3_endpoint_url,
+            opts.s3_region,
+            opts.s3_access_key_id,
+            opts.s3_secret_access_key.get_secret_value() if opts.s3_secret_access_key else None,
+            opts.s3_session_token.get_secret_value() if opts.s3_session_token else None,
+        )
+
+    @property
+    def client(self) -> Any:
+        return _client(*self._args)
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def rel(self, key: str) -> str:
+        return key[len(self.prefix) + 1 :] if self.prefix else key
+
+    def url(self, rel: str) -> str:
+        return f"s3://{self.bucket}/{self.key(rel)}"
+
+    # -- objects -----------------------------------------------------------------------------
+    def check_bucket(self) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            raise SinkError(
+                f"the file sink cannot use bucket {self.bucket!r} ({code or exc}): create it, "
+                "or check s3_endpoint_url and the credentials"
+            ) from None
+
+    def size(self, rel: str) -> int | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return int(
+                self.client.head_object(Bucket=self.bucket, Key=self.key(rel))["ContentLength"]
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+
+    def get(self, rel: str) -> bytes:
+        body = self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"]
+        return bytes(body.read())
+
+    def put(self, rel: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=self.key(rel), Body=data)
+
+    def upload_file(self, local: Path, rel: str) -> None:
+        self.client.upload_file(str(local), self.bucket, self.key(rel))
+
+    def download(self, rel: str, local: Path) -> None:
+        self.client.download_file(self.bucket, self.key(rel), str(local))
+
+    def objects(self, rel_prefix: str) -> Iterator[tuple[str, int]]:
+        """``(rel, size)`` of every object under ``rel_prefix``."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.key(rel_prefix)
+        )
+        for page in pages:
+            for o in page.get("Contents", []):
+                yield self.rel(o["Key"]), int(o["Size"])
+
+    def delete(self, rels: Iterable[str]) -> None:
+        keys = [self.key(r) for r in rels]
+        for i in range(0, len(keys), 1000):
+            chunk = keys[i : i + 1000]
+            out = self.client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in chunk], "Quiet": True},
+            )
+            errors = out.get("Errors") or []
+            if errors:
+                raise SinkError(f"S3 refused to delete {len(errors)} object(s), e.g. {errors[0]}")
+
+    # -- multipart uploads -------------------------------------------------------------------
+    def create_upload(self, rel: str) -> str:
+        return str(
+            self.client.create_multipart_upload(Bucket=self.bucket, Key=self.key(rel))["UploadId"]
+        )
+
+    def upload_part(self, rel: str, upload_id: str, n: int, data: bytes) -> Part:
+        out = self.client.upload_part(
+            Bucket=self.bucket, Key=self.key(rel), UploadId=upload_id, PartNumber=n, Body=data
+        )
+        return Part(n, str(out["ETag"]), len(data))
+
+    def copy_part(self, rel: str, upload_id: str, n: int, source_rel: str, size: int) -> Part:
+        """A part copied server-side from an object: its bytes never pass through here."""
+        out = self.client.upload_part_copy(
+            Bucket=self.bucket,
+            Key=self.key(rel),
+            UploadId=upload_id,
+            PartNumber=n,
+            CopySource={"Bucket": self.bucket, "Key": self.key(source_rel)},
+        )
+        return Part(n, str(out["CopyPartResult"]["ETag"]), size)
+
+    def upload_file_parts(self, local: Path, rel: str, first: int = 1) -> tuple[str, list[Part]]:
+        """A new multipart upload of ``local`` to ``rel``, left open (``complete`` publishes it).
+
+        Parts of ``part_bytes`` are sent by a few threads.
+        """
+        upload_id = self.create_upload(rel)
+        size = local.stat().st_size
+        step = max(self.part_bytes, MIN_PART_BYTES)
+        offsets = list(range(0, size, step)) or [0]
+
+        def send(i_off: tuple[int, int]) -> Part:
+            i, off = i_off
+            with open(local, "rb") as fh:
+                fh.seek(off)
+                return self.upload_part(rel, upload_id, first + i, fh.read(step))
+
+        try:
+            with ThreadPoolExecutor(max_workers=min(4, len(offsets))) as pool:
+                parts = list(pool.map(send, enumerate(offsets)))
+        except BaseException:
+            self.abort_upload(rel, upload_id)
+            raise
+        return upload_id, parts
+
+    def complete(self, rel: str, upload_id: str, parts: list[dict[str, Any]], size: int) -> None:
+        """Publish an upload with exactly ``parts``; idempotent.
+
+        If the upload is gone, the object must be there with ``size`` bytes (an earlier
+        attempt completed it); otherwise the data is lost and a :class:`SinkError` says so.
+        """
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=self.key(rel),
+                UploadId=upload_id,
+                MultipartUpload={
+                    "Parts": [{"PartNumber": p["n"], "ETag": p["etag"]} for p in parts]
+                },
+            )
+            return
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code != "NoSuchUpload":
+                if code in ("InvalidPart", "InvalidPartOrder", "EntityTooSmall"):
+                    raise SinkError(
+                        f"S3 refused to complete the upload of {self.url(rel)} ({code}): its "
+                        "parts changed outside eosink; nothing was published"
+                    ) from None
+                raise
+        have = self.size(rel)
+        if have == size:
+            return  # completed by an earlier attempt of this commit
+        raise SinkError(
+            f"the multipart upload of {self.url(rel)} (upload id {upload_id[:16]}...) is gone "
+            f"and the object is {'missing' if have is None else f'{have} bytes, not {size}'}: "
+            "it was aborted outside eosink (a bucket lifecycle rule for incomplete uploads?). "
+            "Its rows are lost from S3 and nothing of it was published; restore them from the "
+            "source and make the lifecycle rule longer than the sink's rolling interval"
+        )
+
+    def abort_upload(self, rel: str, upload_id: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=self.key(rel), UploadId=upload_id
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                raise
+
+    def uploads(self, rel_prefix: str = "") -> list[tuple[str, str]]:
+        """``(rel, upload_id)`` of every open multipart upload under ``rel_prefix``."""
+        out: list[tuple[str, str]] = []
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=self.key(rel_prefix) if rel_prefix else self.prefix
+        )
+        for page in pages:
+            for u in page.get("Uploads", []) or []:
+                out.append((self.rel(u["Key"]), str(u["UploadId"])))
+        return out
+
+
+def local_tmp_dir() -> Path:
+    """A private local directory for files on their way to S3."""
+    import tempfile
+
+    base = os.environ.get("EOSINK_TMPDIR") or None
+    return Path(tempfile.mkdtemp(prefix="eosink-s3-", dir=base))

@@ -1,0 +1,283 @@
+"""Files that span epochs (rolling) on local files and on S3 (a real moto_server), in process.
+
+The crash matrix of the same feature is tests/test_file_rolling_crash.py.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import eosink
+
+GROUPS = ["a", "b", "c"]
+
+
+def _input(d: Path, files: int, rows: int, pad: int = 0) -> list[int]:
+    d.mkdir(parents=True, exist_ok=True)
+    ids: list[int] = []
+    for f in range(files):
+        chunk = list(range(f * rows, (f + 1) * rows))
+        ids += chunk
+        pq.write_table(
+            pa.table(
+                {
+                    "id": pa.array(chunk, pa.int64()),
+                    "grp": [GROUPS[i % 3] for i in chunk],
+                    "payload": [f"p{i}" + "x" * pad for i in chunk],
+                }
+            ),
+            d / f"in-{f:04d}.parquet",
+        )
+    return ids
+
+
+def _visible(root: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and not any(part.startswith(("_", ".")) for part in p.relative_to(root).parts)
+    )
+
+
+def _read_ids(files: list[Path], fmt: str) -> list[int]:
+    ids: list[int] = []
+    for f in files:
+        if fmt == "parquet":
+            ids += pq.read_table(f, columns=["id"]).column("id").to_pylist()
+        elif fmt == "json":
+            ids += [json.loads(line)["id"] for line in f.read_text().splitlines() if line]
+        elif fmt == "csv":
+            import pyarrow.csv as pcsv
+
+            ids += pcsv.read_csv(f).column("id").to_pylist()
+    return sorted(ids)
+
+
+def _stream(spark: Any, src: Path, **kw: Any) -> Any:
+    df = spark.readStream.schema("id long, grp string, payload string").option(
+        "maxFilesPerTrigger", 1
+    )
+    return df.parquet(str(src))
+
+
+def _staged(root: Path) -> list[Path]:
+    st = root / "_eosink_staging"
+    return sorted(p for p in st.rglob("*") if p.is_file()) if st.exists() else []
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "json", "csv"])
+def test_stream_rolls_by_rows_fewer_files_every_row_once(
+    spark: Any, tmp_path: Path, fmt: str
+) -> None:
+    """12 micro-batches of 100 rows, rolling at 300 rows: 4 files, not 12; each valid; every
+    row once; nothing left staged after the stream ends; the figures say what is held."""
+    ids = _input(tmp_path / "in", 12, 100)
+    out = tmp_path / "out"
+    h = eosink.run(
+        _stream(spark, tmp_path / "in"),
+        "file",
+        path=str(out),
+        format=fmt,
+        max_row_count=300,
+        writer="python" if fmt != "parquet" else "auto",
+        checkpoint_location=str(tmp_path / "ck"),
+        metastore_url=f"sqlite:///{tmp_path}/m.db",
+        trigger={"availableNow": True},
+    )
+    assert isinstance(h, eosink.StreamingHandle)
+    h.await_termination()
+    files = _visible(out)
+    assert 3 <= len(files) <= 5, files
+    assert all(f.name.startswith("part-") for f in files)
+    assert _read_ids(files, fmt) == ids
+    assert _staged(out) == []
+    held = [f.held_rows for f in h.figures if not f.skipped]
+    assert max(held) >= 200 and held[-1] < 300  # rows waited in the open file
+    # the manifests list exactly the visible files
+    from eosink_file.plugin import committed_files
+
+    assert sorted(committed_files(out)) == [str(f) for f in files]
+
+
+def test_batch_run_rolls_everything_at_its_end(spark: Any, tmp_path: Path) -> None:
+    """A batch run with rolling options leaves nothing open: one file per partition."""
+    ids = _input(tmp_path / "in", 3, 200)
+    out = tmp_path / "out"
+    df = spark.read.parquet(str(tmp_path / "in")).repartition(4)
+    kw: dict[str, Any] = dict(
+        path=str(out),
+        partition_by="grp",
+        max_file_bytes=1 << 30,
+        metastore_url=f"sqlite:///{tmp_path}/m.db",
+    )
+    r = eosink.run(df, "file", epoch=1, **kw)
+    assert isinstance(r, eosink.BatchResult) and r.committed
+    files = _visible(out)
+    assert len(files) == 3  # one per partition directory, 4 tasks merged
+    assert sorted(f.parent.name for f in files) == ["grp=a", "grp=b", "grp=c"]
+    assert _read_ids(files, "parquet") == ids
+    assert _staged(out) == []
+    # a re-run is a no-op; a second epoch appends new files, never rewrites old ones
+    before = {f: f.stat().st_mtime_ns for f in files}
+    eosink.run(df, "file", epoch=1, **kw)
+    assert {f: f.stat().st_mtime_ns for f in _visible(out)} == before
+    eosink.run(df, "file", epoch=2, **kw)
+    assert len(_visible(out)) == 6
+    assert _read_ids(_visible(out), "parquet") == sorted(ids + ids)
+
+
+def test_inactivity_rolls_a_quiet_stream(spark: Any, tmp_path: Path) -> None:
+    """A running stream whose source went quiet publishes its open file after
+    inactivity_seconds, without a new micro-batch and before stop()."""
+    src = tmp_path / "in"
+    ids = _input(src, 2, 50)
+    out = tmp_path / "out"
+    h = eosink.run(
+        _stream(spark, src),
+        "file",
+        path=str(out),
+        max_file_bytes=1 << 30,
+        inactivity_seconds=1.0,
+        checkpoint_location=str(tmp_path / "ck"),
+        metastore_url=f"sqlite:///{tmp_path}/m.db",
+        trigger={"processingTime": "500 milliseconds"},
+    )
+    assert isinstance(h, eosink.StreamingHandle)
+    try:
+        h.process_all_available()
+        deadline = time.monotonic() + 20
+        while not _visible(out) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert h.is_active
+        files = _visible(out)
+        assert len(files) == 1
+        assert _read_ids(files, "parquet") == ids
+    finally:
+        h.stop()
+    assert _staged(out) == []
+
+
+def test_options_refused_with_a_reason(tmp_path: Path) -> None:
+    from eosink_file.plugin import FileSinkOptions
+
+    with pytest.raises(ValueError, match="only apply to s3://"):
+        FileSinkOptions(path=str(tmp_path), s3_endpoint_url="http://x")
+    with pytest.raises(ValueError, match="writer='spark' cannot write s3://"):
+        FileSinkOptions(path="s3://b/p", writer="spark")
+    with pytest.raises(ValueError, match="greater than or equal to 5242880"):
+        FileSinkOptions(path="s3://b/p", s3_part_bytes=1024)
+    with pytest.raises(ValueError, match="greater than 0"):
+        FileSinkOptions(path=str(tmp_path), rollover_seconds=0)
+    o = FileSinkOptions(path="s3://b/p/", s3_secret_access_key="hunter2")
+    assert "hunter2" not in repr(o) and o.path == "s3://b/p"
+
+
+# -- S3 --------------------------------------------------------------------------------------
+def _bucket(endpoint: str) -> tuple[Any, str]:
+    import boto3
+
+    c = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    b = f"b-{uuid.uuid4().hex[:10]}"
+    c.create_bucket(Bucket=b)
+    return c, b
+
+
+def _s3_opts(endpoint: str, bucket: str) -> dict[str, Any]:
+    return dict(
+        path=f"s3://{bucket}/out",
+        s3_endpoint_url=endpoint,
+        s3_region="us-east-1",
+        s3_access_key_id="testing",
+        s3_secret_access_key="testing",
+    )
+
+
+def _s3_keys(c: Any, bucket: str) -> list[tuple[str, int]]:
+    out = []
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        out += [(o["Key"], int(o["Size"])) for o in page.get("Contents", [])]
+    return sorted(out)
+
+
+def _s3_visible(c: Any, bucket: str) -> list[str]:
+    return [
+        k
+        for k, _ in _s3_keys(c, bucket)
+        if not any(p.startswith(("_", ".")) for p in k.split("/")[1:])
+    ]
+
+
+def _s3_ids(c: Any, bucket: str, keys: list[str], fmt: str, tmp: Path) -> list[int]:
+    ids: list[int] = []
+    for i, k in enumerate(keys):
+        local = tmp / f"dl-{i}"
+        c.download_file(bucket, k, str(local))
+        ids += _read_ids([local], fmt)
+    return sorted(ids)
+
+
+def test_s3_batch_publishes_with_multipart_uploads(
+    spark: Any, tmp_path: Path, s3_endpoint: str
+) -> None:
+    """A partitioned batch on S3: every row once, no open upload, nothing staged; the secret
+    never reaches the log or the meta store."""
+    c, b = _bucket(s3_endpoint)
+    ids = _input(tmp_path / "in", 2, 300)
+    df = spark.read.parquet(str(tmp_path / "in")).repartition(3)
+    r = eosink.run(
+        df,
+        "file",
+        partition_by="grp",
+        epoch=7,
+        metastore_url=f"sqlite:///{tmp_path}/m.db",
+        **_s3_opts(s3_endpoint, b),
+    )
+    assert isinstance(r, eosink.BatchResult) and r.committed and r.rows == len(ids)
+    keys = _s3_visible(c, b)
+    assert keys and all(k.startswith("out/grp=") for k in keys)
+    assert _s3_ids(c, b, keys, "parquet", tmp_path) == ids
+    assert c.list_multipart_uploads(Bucket=b).get("Uploads", []) == []
+    assert not [k for k, _ in _s3_keys(c, b) if "/_eosink_staging/" in k]
+    assert b"testing" not in (tmp_path / "m.db").read_bytes()
+
+
+def test_s3_stream_rolls_json_into_one_multipart_upload(
+    spark: Any, tmp_path: Path, s3_endpoint: str
+) -> None:
+    """JSON lines on S3 with max_file_bytes: pieces of ~2 MiB become 5 MiB parts of one
+    upload spanning epochs; a tail under 5 MiB waits staged; the stop publishes it."""
+    c, b = _bucket(s3_endpoint)
+    ids = _input(tmp_path / "in", 8, 1000, pad=2000)  # ~2 MiB of JSON per micro-batch
+    h = eosink.run(
+        _stream(spark, tmp_path / "in"),
+        "file",
+        format="json",
+        max_file_bytes=12 * 1024 * 1024,
+        s3_part_bytes=5 * 1024 * 1024,
+        checkpoint_location=str(tmp_path / "ck"),
+        metastore_url=f"sqlite:///{tmp_path}/m.db",
+        trigger={"availableNow": True},
+        **_s3_opts(s3_endpoint, b),
+    )
+    assert isinstance(h, eosink.StreamingHandle)
+    h.await_termination()
+    keys = _s3_visible(c, b)
+    assert 2 <= len(keys) <= 3, keys
+    assert _s3_ids(c, b, keys, "json", tmp_path) == ids
+    assert c.list_multipart_uploads(Bucket=b).get("Uploads", []) == []
+    assert not [k for k, _ in _s3_keys(c, b) if "/_eosink_staging/" in k]
