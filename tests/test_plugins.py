@@ -61,7 +61,8 @@ def test_unknown_sink_lists_installed() -> None:
         ({"path": "/tmp/x", "colour": "red"}, "colour"),
         ({"format": "json"}, "path"),
         ({"path": ""}, "path"),
-        ({"path": "s3://bucket/x"}, "path"),
+        ({"path": "gs://bucket/x"}, "path"),
+            ({"path": "s3://"}, "path"),
     ],
 )
 def test_invalid_options_name_the_field(options: dict[str, Any], field: str) -> None:
