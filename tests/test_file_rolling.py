@@ -281,3 +281,83 @@ def test_s3_stream_rolls_json_into_one_multipart_upload(
     assert _s3_ids(c, b, keys, "json", tmp_path) == ids
     assert c.list_multipart_uploads(Bucket=b).get("Uploads", []) == []
     assert not [k for k, _ in _s3_keys(c, b) if "/_eosink_staging/" in k]
+
+
+def test_two_hundred_epochs_make_few_files(spark: Any, tmp_path: Path) -> None:
+    """200 micro-batches (one small input file each), max_file_bytes: far fewer files than
+    epochs, each a valid Parquet file, every row exactly once, nothing left staged."""
+    ids = _input(tmp_path / "in", 200, 20, pad=200)
+    out = tmp_path / "out"
+    h = eosink.run(
+        _stream(spark, tmp_path / "in"),
+        "file",
+        path=str(out),
+        max_file_bytes=64 * 1024,
+        checkpoint_location=str(tmp_path / "ck"),
+        metastore_url=f"sqlite:///{tmp_path}/m.db",
+        trigger={"availableNow": True},
+    )
+    assert isinstance(h, eosink.StreamingHandle)
+    h.await_termination()
+    epochs = [f for f in h.figures if not f.skipped]
+    files = _visible(out)
+    assert len(epochs) == 200
+    assert len(files) <= 200 / 10, len(files)
+    for f in files:
+        assert pq.ParquetFile(f).metadata.num_rows > 0
+    assert _read_ids(files, "parquet") == ids
+    assert _staged(out) == []
+
+
+def test_s3_tail_under_a_part_waits_staged_for_many_epochs(
+    spark: Any, tmp_path: Path, s3_endpoint: str
+) -> None:
+    """Small JSON epochs on S3: no multipart upload is started while the slot's tail stays
+    under 5 MiB; the pieces wait staged; the end of the stream publishes one file."""
+    c, b = _bucket(s3_endpoint)
+    ids = _input(tmp_path / "in", 10, 30)
+    h = eosink.run(
+        _stream(spark, tmp_path / "in"),
+        "file",
+        format="json",
+        max_file_bytes=1 << 30,
+        checkpoint_location=str(tmp_path / "ck"),
+        metastore_url=f"sqlite:///{tmp_path}/m.db",
+        trigger={"processingTime": "200 milliseconds"},
+        **_s3_opts(s3_endpoint, b),
+    )
+    assert isinstance(h, eosink.StreamingHandle)
+    try:
+        h.process_all_available()
+        assert c.list_multipart_uploads(Bucket=b).get("Uploads", []) == []
+        assert _s3_visible(c, b) == []
+        staged = [k for k, _ in _s3_keys(c, b) if "/_eosink_staging/" in k]
+        assert len(staged) >= 10  # every epoch's piece, at least one per epoch
+    finally:
+        h.stop()
+    keys = _s3_visible(c, b)
+    assert len(keys) == 1
+    assert _s3_ids(c, b, keys, "json", tmp_path) == ids
+    assert c.list_multipart_uploads(Bucket=b).get("Uploads", []) == []
+    assert not [k for k, _ in _s3_keys(c, b) if "/_eosink_staging/" in k]
+
+
+def test_open_files_of_a_crashed_rolling_run_are_published_by_a_later_run(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A run with rolling options dies while publishing (after its epoch committed); the
+    next run has no rolling options at all: it still publishes the open file, once."""
+    from eosink.faults import SimulatedCrash, simulate
+
+    ids = _input(tmp_path / "in", 2, 100)
+    df = spark.read.parquet(str(tmp_path / "in"))
+    out = tmp_path / "out"
+    ms = f"sqlite:///{tmp_path}/m.db"
+    with simulate("roll_before_publish") as hits, pytest.raises(SimulatedCrash):
+        eosink.run(df, "file", path=str(out), epoch=1, max_row_count=10**6, metastore_url=ms)
+    assert hits[0] == 1
+    assert _visible(out) == []  # committed, but held in the open file
+    r = eosink.run(df, "file", path=str(out), epoch=2, metastore_url=ms)
+    assert isinstance(r, eosink.BatchResult) and r.committed
+    assert _read_ids(_visible(out), "parquet") == sorted(ids + ids)
+    assert _staged(out) == []

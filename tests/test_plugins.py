@@ -62,7 +62,7 @@ def test_unknown_sink_lists_installed() -> None:
         ({"format": "json"}, "path"),
         ({"path": ""}, "path"),
         ({"path": "gs://bucket/x"}, "path"),
-            ({"path": "s3://"}, "path"),
+        ({"path": "s3://"}, "path"),
     ],
 )
 def test_invalid_options_name_the_field(options: dict[str, Any], field: str) -> None:

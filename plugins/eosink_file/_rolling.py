@@ -249,11 +249,13 @@ class Roller:
         with self.lock:
             state = self.read_json(self.state_rel) or empty_state()
             done = []
+            have_of: dict[str, int] = {}
             for sid, slot in list(state["slots"].items()):
                 final = slot["final"]
                 have = self._exists(final)
                 if have is None:
                     continue
+                have_of[sid] = have
                 log.info(
                     "file sink: the rolled file %s of epochs %d..%d is visible but its slot "
                     "was still open (a crash after publishing it): dropping its staged data",
@@ -267,7 +269,12 @@ class Roller:
                 for sid in done:
                     slot = state["slots"].pop(sid)
                     victims += self._slot_files(slot)
-                state["seq"] += 1
+                    # The manifest the crashed roll did not write (readers go by them).
+                    self.write_json(
+                        f"_eosink/commits/{self.key}/{slot['end']}.roll-{sid}.json",
+                        manifest(int(slot["end"]), [{**slot, "bytes": have_of[sid]}]),
+                    )
+                # The same seq: a PENDING epoch's committable (seq + 1) must still replace it.
                 self.write_json(self.state_rel, state)
                 self._delete(victims)
             self.committed = state
@@ -605,7 +612,8 @@ class Roller:
                 if everything:
                     log.info(
                         "file sink: %d epoch(s) not committed yet (Spark did not checkpoint "
-                        "them): the open files roll at the next start",
+                        "them): the open files stay open; the next run rolls them once those "
+                        "epochs are committed or aborted",
                         len(self.inflight),
                     )
                 return []
@@ -640,18 +648,7 @@ class Roller:
                 self.publish(r)
             self.write_json(
                 f"_eosink/commits/{self.key}/{last_epoch}.roll-{state['seq']}.json",
-                {
-                    "epoch": last_epoch,
-                    "files": [
-                        {
-                            "path": r["final"],
-                            "bytes": r["bytes"],
-                            "start_epoch": r["start"],
-                            "end_epoch": r["end"],
-                        }
-                        for r in sealed
-                    ],
-                },
+                manifest(last_epoch, sealed),
             )
             self.store_state(state)
             fault_point("roll_before_drop")
@@ -660,6 +657,22 @@ class Roller:
             self.committed = state
             self.head = copy.deepcopy(state)
             return sealed
+
+
+def manifest(epoch: int, sealed: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A roll's manifest: what :func:`eosink_file.plugin.committed_files` reads."""
+    return {
+        "epoch": epoch,
+        "files": [
+            {
+                "path": r["final"],
+                "bytes": r["bytes"],
+                "start_epoch": r["start"],
+                "end_epoch": r["end"],
+            }
+            for r in sealed
+        ],
+    }
 
 
 def _ext_of(rel: str) -> str:
@@ -676,5 +689,5 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["Roller", "merge_columnar", "piece_content", "slot_id"]
+__all__ = ["Roller", "manifest", "merge_columnar", "piece_content", "slot_id"]
 _ = local_tmp_dir  # re-exported for the writer

@@ -158,21 +158,39 @@ class S3Store:
             self.client.create_multipart_upload(Bucket=self.bucket, Key=self.key(rel))["UploadId"]
         )
 
-    def upload_part(self, rel: str, upload_id: str, n: int, data: bytes) -> Part:
-        out = self.client.upload_part(
-            Bucket=self.bucket, Key=self.key(rel), UploadId=upload_id, PartNumber=n, Body=data
+    def _gone(self, rel: str, upload_id: str, exc: Exception) -> Exception:
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        if code != "NoSuchUpload":
+            return exc
+        return SinkError(
+            f"the multipart upload of {self.url(rel)} (upload id {upload_id[:16]}...) was "
+            "aborted outside eosink (a bucket lifecycle rule for incomplete uploads?): the "
+            "rows already in its parts are lost from S3 and none of them was published. "
+            "Restore them from the source, and make the lifecycle rule longer than the "
+            "sink's rolling interval"
         )
+
+    def upload_part(self, rel: str, upload_id: str, n: int, data: bytes) -> Part:
+        try:
+            out = self.client.upload_part(
+                Bucket=self.bucket, Key=self.key(rel), UploadId=upload_id, PartNumber=n, Body=data
+            )
+        except Exception as exc:
+            raise self._gone(rel, upload_id, exc) from None
         return Part(n, str(out["ETag"]), len(data))
 
     def copy_part(self, rel: str, upload_id: str, n: int, source_rel: str, size: int) -> Part:
         """A part copied server-side from an object: its bytes never pass through here."""
-        out = self.client.upload_part_copy(
-            Bucket=self.bucket,
-            Key=self.key(rel),
-            UploadId=upload_id,
-            PartNumber=n,
-            CopySource={"Bucket": self.bucket, "Key": self.key(source_rel)},
-        )
+        try:
+            out = self.client.upload_part_copy(
+                Bucket=self.bucket,
+                Key=self.key(rel),
+                UploadId=upload_id,
+                PartNumber=n,
+                CopySource={"Bucket": self.bucket, "Key": self.key(source_rel)},
+            )
+        except Exception as exc:
+            raise self._gone(rel, upload_id, exc) from None
         return Part(n, str(out["CopyPartResult"]["ETag"]), size)
 
     def upload_file_parts(self, local: Path, rel: str, first: int = 1) -> tuple[str, list[Part]]:

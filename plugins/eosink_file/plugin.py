@@ -1,11 +1,14 @@
-"""The ``file`` sink: Parquet, ORC, JSON lines, CSV or text files under a local directory.
+"""The ``file`` sink: Parquet, ORC, JSON lines, CSV or text files, local or on S3.
 
-Layout under ``path``::
+Layout under ``path`` (a local directory, or an ``s3://bucket/prefix`` with the same keys)::
 
     _eosink_staging/<sink key>/<epoch>/<attempt>/<partition dirs>/<file>           (staged)
-    <col=value>/.../part-<epoch>-<n>-<token>.<ext>                                (published)
+    _eosink_staging/<sink key>/slots/<slot>-<start epoch>.<ext>   (an open file, local rows)
+    <col=value>/.../part-<epoch>-<n>-<token>.<ext>                (published, every epoch)
+    <col=value>/.../part-<start epoch>-s<sink key 8>.<ext>        (published, rolled)
     _eosink/<sink key>.json                                    (the sink's marker)
-    _eosink/commits/<sink key>/<epoch>.json                    (the epoch's manifest)
+    _eosink/<sink key>.slots.json                              (open files, rolling)
+    _eosink/commits/<sink key>/<epoch>[.roll-<n>].json         (the manifests)
 
 Two writer kinds stage an epoch: Spark's own ``DataFrameWriter`` on the driver (the native
 path, :class:`~eosink.sink.SparkWriter`; the rows never leave the JVM) or Python writers in
@@ -13,7 +16,9 @@ Spark tasks (``format("eosink")``, or ``writer="python"``). Readers (Spark, pyar
 ignore directories starting with ``_``, so staged files are invisible. ``commit`` publishes
 each staged file with an atomic rename (fsync'd), then writes the epoch's manifest, and is
 idempotent: a published file that is present with the committed size counts as done.
-``abort`` deletes the epoch's staging directory; nothing else is ever written.
+``abort`` deletes the epoch's staging directory; nothing else is ever written. With
+rolling options files span epochs (:mod:`eosink_file._rolling`); on S3 files are multipart
+uploads completed at commit (:mod:`eosink_file._s3`).
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ from eosink import (
     fault_point,
 )
 
-from ._rolling import Roller
+from ._rolling import Roller, manifest
 from ._s3 import S3Store, local_tmp_dir
 
 log = logging.getLogger("eosink.file")
@@ -588,18 +593,16 @@ class FileCoordinator(
         self.commits_rel = f"{MARKER_DIR}/{COMMITS_DIR}/{self.key}"
         self.commits = self.root / self.commits_rel
         self._marker: dict[str, Any] | None = None
-        self.roller = (
-            Roller(
-                opts,
-                self.key,
-                None if self.s3 else self.root,
-                self.s3,
-                _suffix(opts),
-                self._write_json,
-                self._read_json,
-            )
-            if opts.rolling
-            else None
+        # Also without rolling options: files left open by an earlier run that had them are
+        # published at this run's end, never forgotten.
+        self.roller = Roller(
+            opts,
+            self.key,
+            None if self.s3 else self.root,
+            self.s3,
+            _suffix(opts),
+            self._write_json,
+            self._read_json,
         )
 
     # -- storage ---------------------------------------------------------------------------
@@ -697,8 +700,13 @@ class FileCoordinator(
             self.s3.check_bucket()
         else:
             self.root.mkdir(parents=True, exist_ok=True)
-        if self.roller is not None:
-            self.roller.load()
+        self.roller.load()
+        if self.roller.committed["slots"] and not self.opts.rolling:
+            log.warning(
+                "file sink: %d file(s) left open by an earlier run with rolling options; "
+                "they are published at the end of this run",
+                len(self.roller.committed["slots"]),
+            )
 
     def target_id(self) -> str:
         return f"file:{self.opts.path}" if self.s3 is not None else f"file:{self.root}"
@@ -734,7 +742,7 @@ class FileCoordinator(
     # -- the protocol ----------------------------------------------------------------------
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
         staged = [f for r in results for f in r["files"]]
-        if self.roller is not None:
+        if self.opts.rolling:
             c = self.roller.prepare(epoch, staged)
             held_rows, held_bytes = self.roller.held(c["state"])
             return Prepared(
@@ -778,20 +786,9 @@ class FileCoordinator(
         if epoch > self._last_epoch():
             # Before anything is visible: the marker never says less than the target holds.
             self._store_marker({**(self._marker or {}), "last_epoch": epoch})
-        if self.roller is not None:
+        if committable.get("mode") == "rolling":
             rolled = self.roller.commit(epoch, committable)
-            self._write_manifest(
-                epoch,
-                [
-                    {
-                        "path": r["final"],
-                        "bytes": r["bytes"],
-                        "start_epoch": r["start"],
-                        "end_epoch": r["end"],
-                    }
-                    for r in rolled
-                ],
-            )
+            self._write_manifest(epoch, manifest(epoch, rolled)["files"])
             self.roller.after_commit(epoch, committable)
             self._clean_epoch(epoch, keep=self.roller.referenced())
             return
@@ -808,7 +805,7 @@ class FileCoordinator(
             epoch, [{"path": f["final"], "bytes": f["bytes"]} for f in committable["files"]]
         )
         # Leftovers of failed or speculative task attempts of this epoch.
-        self._clean_epoch(epoch, keep=set())
+        self._clean_epoch(epoch, keep=self.roller.referenced())
 
     def _publish_local(self, epoch: int, committable: dict[str, Any]) -> None:
         dirs: set[Path] = set()
@@ -866,13 +863,11 @@ class FileCoordinator(
         self._write_json(rel, {"epoch": epoch, "files": files})
 
     def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
-        keep: set[str] = set()
-        if self.roller is not None:
-            self.roller.abort(epoch, committable)
-            keep = self.roller.referenced()
+        self.roller.abort(epoch, committable)
+        keep = self.roller.referenced()
         try:
-            if self.s3 is not None and self.roller is None:
-                if committable is not None:
+            if self.s3 is not None and not self.opts.rolling:
+                if committable is not None and committable.get("mode") != "rolling":
                     for f in committable["files"]:
                         self.s3.abort_upload(f["final"], f["upload"]["id"])
                 else:
@@ -900,7 +895,7 @@ class FileCoordinator(
                 for r, _ in self.s3.objects(f"{self.staging_rel}/")
                 if r[len(self.staging_rel) + 1 :].split("/", 1)[0].isdigit()
             }
-            if self.roller is None:
+            if not self.opts.rolling:
                 mine = re.compile(rf"^part-(\d{{10}})-s{self.key[:8]}-")
                 for rel, _ in self.s3.uploads():
                     m = mine.match(rel.rsplit("/", 1)[-1])
@@ -914,12 +909,10 @@ class FileCoordinator(
     # -- rolling ---------------------------------------------------------------------------
     def roll(self, everything: bool) -> int:
         """Publish the open files that are due (every one with ``everything``)."""
-        if self.roller is None:
-            return 0
         return len(self.roller.roll(everything, max(self._last_epoch(), 0)))
 
     def next_roll_in(self) -> float | None:
-        return None if self.roller is None else self.roller.next_roll_in()
+        return self.roller.next_roll_in()
 
 
 def _s3_missing(exc: BaseException) -> bool:
@@ -973,7 +966,7 @@ def committed_files(path: str | os.PathLike[str], sink_id: str | None = None) ->
     out: list[tuple[int, str]] = []
     for d in dirs:
         for m in d.glob("*.json"):
-            if not re.fullmatch(r"\d+(\.roll-\d+)?", m.stem):
+            if not re.fullmatch(r"\d+(\.roll-[0-9a-f]+)?", m.stem):
                 continue
             data = json.loads(m.read_bytes())
             out += [(int(data["epoch"]), str(root / f["path"])) for f in data["files"]]
@@ -1040,9 +1033,10 @@ SINK: SinkPlugin[FileSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     committable_codec=JsonCodec[dict[str, Any]](version=1),
     default_sink_id=lambda o: f"file:{o.path}",
     validate_schema=validate_schema,
-    description="Parquet / ORC / JSON lines / CSV / text files on the local filesystem, Hive "
-    "partitions, written by Spark's own writers",
-    requires={},  # pyarrow only, a core dependency (s3:// paths are not supported yet)
+    description="Parquet / ORC / JSON lines / CSV / text files, local or on S3, Hive "
+    "partitions, files per epoch or rolling across epochs",
+    # pyarrow only, a core dependency; s3:// paths need boto3 (eosink[s3]), checked when used
+    requires={},
 )
 
 
