@@ -366,7 +366,7 @@ class Roller:
                 slot["last_at"] = now
                 slot["rows"] += sum(int(p["rows"] or 0) for p in pieces)
                 self._add_pieces(epoch, sid, slot, pieces)
-            rolled = []
+            due = []
             for sid, slot in list(head["slots"].items()):
                 why = self._due(slot, now, slot["partition"] in touched)
                 if why is None:
@@ -380,8 +380,8 @@ class Roller:
                     slot["bytes"],
                     why,
                 )
-                rolled.append(self._seal(slot, f"{self.staging}/{epoch}/_rolled"))
-                del head["slots"][sid]
+                due.append(head["slots"].pop(sid))
+            rolled = self._seal_all(due, f"{self.staging}/{epoch}/_rolled")
             self.inflight[epoch] = base
             self.head = head
             consumed, self._consumed = self._consumed, []
@@ -459,6 +459,15 @@ class Roller:
         self._consumed += [p["staged"] for p in pieces]
         slot["pieces"] = []
         slot["bytes"] = sum(int(q["bytes"]) for q in up["parts"])
+
+    def _seal_all(self, slots: list[dict[str, Any]], scratch: str) -> list[dict[str, Any]]:
+        """Seal due slots, a few at a time (merging and uploading release the GIL)."""
+        if len(slots) <= 1:
+            return [self._seal(s, scratch) for s in slots]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(4, len(slots))) as pool:
+            return list(pool.map(lambda s: self._seal(s, scratch), slots))
 
     def _seal(self, slot: dict[str, Any], scratch: str) -> dict[str, Any]:
         """Make a due slot's file ready to publish; what ``publish`` needs, and what to drop."""
@@ -630,7 +639,7 @@ class Roller:
                 self.sweep(None)
                 self.swept = True
             state["seq"] = int(state["seq"]) + 1
-            sealed = []
+            slots = []
             for sid in sorted(due):
                 slot = state["slots"].pop(sid)
                 log.info(
@@ -641,7 +650,8 @@ class Roller:
                     slot["bytes"],
                     "end of run" if everything else "by time",
                 )
-                sealed.append(self._seal(slot, f"{self.staging}/{FLUSH_DIR}/{state['seq']}"))
+                slots.append(slot)
+            sealed = self._seal_all(slots, f"{self.staging}/{FLUSH_DIR}/{state['seq']}")
             consumed, self._consumed = self._consumed, []
             for r in sealed:
                 r["drop"] = r["drop"] + consumed if r is sealed[-1] else r["drop"]
