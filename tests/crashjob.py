@@ -49,6 +49,12 @@ def main() -> int:
     p.add_argument("--writer", default="", help="the sink's writer option (default: its own)")
     p.add_argument("--catalog-uri", default="", help="iceberg: SQL catalog URL (default SQLite)")
     p.add_argument("--catalog-json", default="", help="iceberg: all catalog properties, JSON")
+    p.add_argument(
+        "--sink-options",
+        default="",
+        help="more options of the sink as a JSON object, merged over the ones built above "
+        '(\'{"path": "s3://bucket/prefix", "max_row_count": 600}\')',
+    )
     a = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -83,6 +89,8 @@ def main() -> int:
         opts["partition_by"] = a.partition_by.split(",")
     if a.writer:
         opts["writer"] = a.writer
+    if a.sink_options:
+        opts.update(json.loads(a.sink_options))
     if a.mode == "batch":
         df = spark.read.schema(schema).parquet(a.input).repartition(3)
         r = eosink.run(df, sink=a.sink, epoch=5, **opts)

@@ -19,11 +19,19 @@ TESTS = Path(__file__).resolve().parent
 GROUPS = ["fr", "de/at", "..", "x%y", ""]
 
 
-def make_input(directory: Path, files: int = 4, rows: int = 300) -> list[int]:
+def payload(i: int, pad: int = 0) -> str:
+    """The payload column of input row ``i`` (``pad`` extra characters make rows bigger)."""
+    text = f"payload-{i}"
+    return f"{text}-{'x' * pad}" if pad else text
+
+
+def make_input(directory: Path, files: int = 4, rows: int = 300, pad: int = 0) -> list[int]:
     """Parquet input files with distinct ids; returns every id.
 
     Streaming crash jobs read one file per micro-batch: 4 files give the 4 epochs the fault
-    points (``point@N``, at most N=3) need; more rows or files prove nothing more.
+    points (``point@N``, at most N=3) need; more rows or files prove nothing more. ``pad``
+    makes each row's payload ``pad`` characters longer (:func:`payload`), for outputs that
+    must reach a size (S3 parts of 5 MiB) with few rows.
     """
     directory.mkdir(parents=True, exist_ok=True)
     ids: list[int] = []
@@ -35,7 +43,7 @@ def make_input(directory: Path, files: int = 4, rows: int = 300) -> list[int]:
                 {
                     "id": pa.array(chunk, pa.int64()),
                     "grp": [GROUPS[i % len(GROUPS)] for i in chunk],
-                    "payload": [f"payload-{i}" for i in chunk],
+                    "payload": [payload(i, pad) for i in chunk],
                 }
             ),
             directory / f"in-{f:03d}.parquet",
@@ -46,13 +54,25 @@ def make_input(directory: Path, files: int = 4, rows: int = 300) -> list[int]:
 class Job:
     """One driver program (tests/crashjob.py) with its paths."""
 
-    def __init__(self, tmp: Path, mode: str, metastore: str, **extra: str) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        mode: str,
+        metastore: str,
+        sink_options: dict[str, Any] | None = None,
+        **extra: str,
+    ) -> None:
+        """``extra``: more options of tests/crashjob.py (``partition_by="grp"`` gives
+        ``--partition-by grp``). ``sink_options``: options of the sink merged over the ones
+        the job builds (``--sink-options`` as JSON); ``{"path": "s3://bucket/prefix", ...}``
+        makes a file sink write there instead of ``tmp/out`` (see :attr:`target`)."""
         self.tmp = tmp
         self.mode = mode
         self.input = tmp / "input"
         self.out = tmp / "out"
         self.checkpoint = tmp / "checkpoint"
         self.metastore = metastore
+        self.sink_options = dict(sink_options or {})
         self.extra = extra
         self.logs: list[str] = []
 
@@ -73,6 +93,8 @@ class Job:
         ]
         for k, v in self.extra.items():
             args += [f"--{k.replace('_', '-')}", v]
+        if self.sink_options:
+            args += ["--sink-options", json.dumps(self.sink_options)]
         return args
 
     def run(
@@ -229,10 +251,20 @@ class Job:
         return sorted(p.name.split(".")[0] for p in self.marks.iterdir())
 
     @property
+    def target(self) -> str:
+        """Where a file sink job writes: ``tmp/out`` or the ``path`` of ``sink_options``."""
+        path = self.sink_options.get("path")
+        return str(path) if path else str(self.out.resolve())
+
+    @property
     def sink_id(self) -> str:
         if self.extra.get("sink") == "iceberg":
             return "iceberg:eosink.db.events"
-        return f"file:{self.out.resolve()}"
+        return f"file:{self.target.rstrip('/')}"
+
+    def output(self) -> Output:
+        """The file sink's output, read without eosink (local disk or boto3)."""
+        return Output(self.target, self.sink_options.get("s3_endpoint_url"))
 
     def iceberg_options(self) -> Any:
         """The iceberg sink options this job uses (to read the table independently)."""
@@ -288,3 +320,167 @@ def epoch_states(metastore: str, sink_id: str) -> dict[str, list[Any]]:
     for status, epoch in rows:
         out.setdefault(status, []).append(epoch)
     return out
+
+
+class Output:
+    """A file sink's output, a local directory or an ``s3://bucket/prefix``, read without
+    eosink: plain filesystem calls, or boto3 against the S3 server (``endpoint``)."""
+
+    def __init__(self, location: str | Path, endpoint: str | None = None) -> None:
+        self.location = str(location)
+        self.endpoint = endpoint
+        self.is_s3 = self.location.startswith("s3://")
+        if self.is_s3:
+            bucket, _, prefix = self.location.removeprefix("s3://").partition("/")
+            self.bucket, self.prefix = bucket, prefix.strip("/")
+
+    def __repr__(self) -> str:
+        return f"Output({self.location!r})"
+
+    def client(self) -> Any:
+        return s3_client(self.endpoint)
+
+    def _key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def objects(self) -> dict[str, int]:
+        """Every file (object) under the location: relative path -> size in bytes."""
+        if not self.is_s3:
+            root = Path(self.location)
+            if not root.exists():
+                return {}
+            return {
+                p.relative_to(root).as_posix(): p.stat().st_size
+                for p in root.rglob("*")
+                if p.is_file()
+            }
+        out: dict[str, int] = {}
+        start = f"{self.prefix}/" if self.prefix else ""
+        pages = (
+            self.client()
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=self.bucket, Prefix=start)
+        )
+        for page in pages:
+            for o in page.get("Contents", []):
+                out[o["Key"][len(start) :]] = int(o["Size"])
+        return out
+
+    def visible(self) -> dict[str, int]:
+        """The files readers see (Spark, pyarrow): none under a ``_`` or ``.`` name."""
+        return {
+            rel: size
+            for rel, size in self.objects().items()
+            if not any(x[:1] in "_." for x in rel.split("/"))
+        }
+
+    def staged(self) -> list[str]:
+        """Files left under ``_eosink_staging/``."""
+        return sorted(rel for rel in self.objects() if rel.split("/", 1)[0] == "_eosink_staging")
+
+    def read_bytes(self, rel: str) -> bytes:
+        if not self.is_s3:
+            return (Path(self.location) / rel).read_bytes()
+        body = self.client().get_object(Bucket=self.bucket, Key=self._key(rel))["Body"]
+        return bytes(body.read())
+
+    def open_uploads(self) -> list[dict[str, str]]:
+        """Multipart uploads started and neither completed nor aborted under the prefix
+        (S3's ``ListMultipartUploads``); always empty on local disk."""
+        if not self.is_s3:
+            return []
+        start = f"{self.prefix}/" if self.prefix else ""
+        resp = self.client().list_multipart_uploads(Bucket=self.bucket, Prefix=start)
+        return [{"key": u["Key"], "upload_id": u["UploadId"]} for u in resp.get("Uploads", [])]
+
+    def abort_uploads(self) -> list[dict[str, str]]:
+        """Abort every open multipart upload under the prefix behind eosink's back; return
+        the ones aborted."""
+        uploads = self.open_uploads()
+        for u in uploads:
+            self.client().abort_multipart_upload(
+                Bucket=self.bucket, Key=u["key"], UploadId=u["upload_id"]
+            )
+        return uploads
+
+    def manifest_files(self) -> list[tuple[str, int, str]]:
+        """The files the committed epochs' manifests (``_eosink/commits/<key>/*.json``) name:
+        ``(relative path, size in bytes, manifest)``, one per mention."""
+        out: list[tuple[str, int, str]] = []
+        for rel in sorted(self.objects()):
+            parts = rel.split("/")
+            if len(parts) == 4 and parts[:2] == ["_eosink", "commits"] and rel.endswith(".json"):
+                for f in json.loads(self.read_bytes(rel))["files"]:
+                    out.append((f["path"], int(f["bytes"]), rel))
+        return out
+
+
+def s3_client(endpoint: str | None) -> Any:
+    """A boto3 client of the test S3 server."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def unescape_partition(segment: str) -> str:
+    """``grp=de%2Fat`` -> ``de/at``; Hive's null directory -> ``""``."""
+    import re
+
+    value = segment.split("=", 1)[1]
+    if value == "__HIVE_DEFAULT_PARTITION__":
+        return ""
+    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), value)
+
+
+def read_file_rows(data: bytes, name: str, fmt: str) -> list[dict[str, Any]]:
+    """Decode one output file completely with the format's own reader (pyarrow, or json for
+    JSON lines); raises if the file is not a valid file of that format."""
+    import bz2
+    import gzip
+    import io
+
+    if name.endswith(".gz"):
+        data = gzip.decompress(data)
+    elif name.endswith(".bz2"):
+        data = bz2.decompress(data)
+    if fmt == "parquet":
+        table = pq.read_table(io.BytesIO(data))
+    elif fmt == "orc":
+        import pyarrow.orc as orc
+
+        table = orc.ORCFile(io.BytesIO(data)).read()
+    elif fmt == "csv":
+        import pyarrow.csv as pcsv
+
+        table = pcsv.read_csv(io.BytesIO(data))
+    elif fmt == "json":
+        text = data.decode()
+        assert text.endswith("\n"), f"{name}: the last JSON line is cut"
+        return [json.loads(line) for line in text.splitlines()]
+    else:
+        raise ValueError(f"no reader for format {fmt!r}")
+    return list(table.to_pylist())
+
+
+def read_output_rows(output: Output, fmt: str) -> list[dict[str, Any]]:
+    """Every row of every visible file of ``output``; each row also gets ``_file`` (its
+    file's relative path) and, for Hive partition directories, their unescaped values."""
+    rows: list[dict[str, Any]] = []
+    for rel in sorted(output.visible()):
+        try:
+            got = read_file_rows(output.read_bytes(rel), rel, fmt)
+        except Exception as exc:
+            raise AssertionError(f"{output}: {rel} is not a valid {fmt} file: {exc}") from exc
+        dirs = {
+            seg.split("=", 1)[0]: unescape_partition(seg)
+            for seg in rel.split("/")[:-1]
+            if "=" in seg
+        }
+        rows += [{**r, **dirs, "_file": rel} for r in got]
+    return rows
