@@ -799,6 +799,11 @@ class FileCoordinator(
                 )
                 if i == 0:
                     fault_point("mid_commit")
+            # Uploads of failed or speculative task attempts of this epoch.
+            mine = f"part-{epoch:010d}-s{self.key[:8]}-"
+            for rel, uid in self.s3.uploads():
+                if rel.rsplit("/", 1)[-1].startswith(mine):
+                    self.s3.abort_upload(rel, uid)
         else:
             self._publish_local(epoch, committable)
         self._write_manifest(
