@@ -633,11 +633,11 @@ class Roller:
                 for sid, slot in state["slots"].items()
                 if everything or self._due(slot, now, touched=False)
             ]
+            if everything and not self.swept:
+                self.sweep(None)  # also at the end of a run without rolling options
+                self.swept = True
             if not due:
                 return []
-            if everything and not self.swept:
-                self.sweep(None)
-                self.swept = True
             state["seq"] = int(state["seq"]) + 1
             slots = []
             for sid in sorted(due):
