@@ -30,8 +30,10 @@ roll_after_part        pre_commit uploaded a part (S3) or appended to an in-prog
 roll_mid_merge         merging a rolling slot's Parquet/ORC pieces: half are written
 roll_before_publish    about to publish a rolled file (CompleteMultipartUpload, link)
 roll_after_publish     a rolled file is visible; slot state and pieces untouched
-roll_before_drop       the slots' state is stored; rolled pieces not yet deleted
-roll_after_drop        the rolled slots' staged pieces are deleted
+roll_before_drop       rolled files published; their staged pieces not yet deleted
+                       (in an epoch's commit: the slots' state is already stored)
+roll_after_drop        the rolled slots' staged pieces are deleted (between epochs:
+                       the slots' state not yet stored)
 =====================  =============================================================
 
 Executor points kill the Python worker of a task's *first* attempt (a lost executor; Spark

@@ -177,6 +177,7 @@ class Roller:
         # epoch -> the head it was prepared on, for every epoch neither committed nor aborted
         self.inflight: dict[int, State] = {}
         self.swept = False
+        self._published_open: dict[str, tuple[str, int]] = {}
         self.row = opts.format in ROW_FORMATS
         self._consumed: list[str] = []
 
@@ -245,40 +246,58 @@ class Roller:
 
     # -- start -------------------------------------------------------------------------------
     def load(self) -> None:
-        """Read the open slots the target records; truncate the ones found published."""
+        """Read the open slots the target records; note the ones found already published.
+
+        Their truncate waits for :meth:`_settle`, after the core's recovery: a PENDING
+        epoch whose commit published the file is replayed first and settles it itself.
+        """
         with self.lock:
             state = self.read_json(self.state_rel) or empty_state()
-            done = []
-            have_of: dict[str, int] = {}
-            for sid, slot in list(state["slots"].items()):
-                final = slot["final"]
-                have = self._exists(final)
-                if have is None:
-                    continue
-                have_of[sid] = have
-                log.info(
-                    "file sink: the rolled file %s of epochs %d..%d is visible but its slot "
-                    "was still open (a crash after publishing it): dropping its staged data",
-                    final,
-                    slot["start"],
-                    slot["end"],
-                )
-                done.append(sid)
-            if done:
-                victims = []
-                for sid in done:
-                    slot = state["slots"].pop(sid)
-                    victims += self._slot_files(slot)
-                    # The manifest the crashed roll did not write (readers go by them).
-                    self.write_json(
-                        f"_eosink/commits/{self.key}/{slot['end']}.roll-{sid}.json",
-                        manifest(int(slot["end"]), [{**slot, "bytes": have_of[sid]}]),
-                    )
-                # The same seq: a PENDING epoch's committable (seq + 1) must still replace it.
-                self.write_json(self.state_rel, state)
-                self._delete(victims)
+            self._published_open = {}
+            for sid, slot in state["slots"].items():
+                have = self._exists(slot["final"])
+                if have is not None:
+                    self._published_open[sid] = (slot["final"], have)
             self.committed = state
             self.head = copy.deepcopy(state)
+
+    def _settle(self) -> None:
+        """Truncate: drop the staged data of open slots whose file is published.
+
+        A crash between publishing a roll made between epochs and storing the slots leaves
+        them so; the roll's manifest (same name) is written again if it was not.
+        """
+        pending, self._published_open = self._published_open, {}
+        done = []
+        for sid, (final, have) in pending.items():
+            slot = self.head["slots"].get(sid)
+            if slot is None or slot["final"] != final:
+                continue  # a replayed commit rolled it
+            log.info(
+                "file sink: the rolled file %s of epochs %d..%d is visible but its slot was "
+                "still open (a crash after publishing it): dropping its staged data",
+                final,
+                slot["start"],
+                slot["end"],
+            )
+            self._write_roll_manifest({**slot, "bytes": have})
+            done.append(sid)
+        if not done:
+            return
+        victims = []
+        for sid in done:
+            victims += self._slot_files(self.head["slots"].pop(sid))
+            self.committed["slots"].pop(sid, None)
+        self.head["seq"] = self.committed["seq"] = int(self.head["seq"]) + 1
+        self.store_state(self.head)
+        self._delete(victims)
+
+    def _write_roll_manifest(self, r: dict[str, Any]) -> None:
+        """The manifest of one file rolled between epochs; its name depends on the slot only."""
+        self.write_json(
+            f"_eosink/commits/{self.key}/{r['end']}.roll-{slot_id(r['partition'])}-{r['start']}.json",
+            manifest(int(r["end"]), [r]),
+        )
 
     def _slot_files(self, slot: dict[str, Any]) -> list[str]:
         files = [p["staged"] for p in slot["pieces"]]
@@ -331,6 +350,7 @@ class Roller:
         next prepare (a local in-progress file is truncated back, an S3 part re-uploaded).
         """
         with self.lock:
+            self._settle()
             if not self.swept:
                 self.sweep(epoch)
                 self.swept = True
@@ -626,6 +646,7 @@ class Roller:
                         len(self.inflight),
                     )
                 return []
+            self._settle()
             now = time.time()
             state = copy.deepcopy(self.committed)
             due = [
@@ -654,16 +675,14 @@ class Roller:
             sealed = self._seal_all(slots, f"{self.staging}/{FLUSH_DIR}/{state['seq']}")
             consumed, self._consumed = self._consumed, []
             for r in sealed:
-                r["drop"] = r["drop"] + consumed if r is sealed[-1] else r["drop"]
                 self.publish(r)
-            self.write_json(
-                f"_eosink/commits/{self.key}/{last_epoch}.roll-{state['seq']}.json",
-                manifest(last_epoch, sealed),
-            )
-            self.store_state(state)
+                self._write_roll_manifest(r)
+            # Drop, then store the slots: a crash between leaves open slots whose files are
+            # published, which the next start truncates (_settle); never unreferenced pieces.
             fault_point("roll_before_drop")
-            self._delete([d for r in sealed for d in r["drop"]])
+            self._delete([d for r in sealed for d in r["drop"]] + consumed)
             fault_point("roll_after_drop")
+            self.store_state(state)
             self.committed = state
             self.head = copy.deepcopy(state)
             return sealed

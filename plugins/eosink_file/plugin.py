@@ -971,7 +971,7 @@ def committed_files(path: str | os.PathLike[str], sink_id: str | None = None) ->
     out: list[tuple[int, str]] = []
     for d in dirs:
         for m in d.glob("*.json"):
-            if not re.fullmatch(r"\d+(\.roll-[0-9a-f]+)?", m.stem):
+            if not re.fullmatch(r"\d+(\.roll-[0-9a-f]+-\d+)?", m.stem):
                 continue
             data = json.loads(m.read_bytes())
             out += [(int(data["epoch"]), str(root / f["path"])) for f in data["files"]]
