@@ -337,3 +337,26 @@ def test_upload_aborted_behind_eosinks_back(tmp_path: Path, s3_location: Any) ->
     errors = _sink_errors(job.last_log())
     assert errors, f"no SinkError:\n{job.last_log()}"
     assert any(name in e for e in errors), (name, errors)
+
+
+def test_rolling_random_kills(tmp_path: Path) -> None:
+    """A rolling JSON stream, partitioned, with the driver killed at random instants
+    (inside the protocol and from the driver's start), then let finish: every row once."""
+    import random
+
+    rng = random.Random("rolling-random-kills")
+    job = _job(tmp_path, "local", "stream", "json", None, True, {"max_row_count": 500})
+    expected = make_input(job.input, files=6, rows=ROWS)
+    in_protocol = 0
+    for attempt in range(4):
+        if attempt % 2 == 0:
+            code = job.run(kill_in_protocol=rng.uniform(0.0, 2.5))
+            in_protocol += code == -9 and job.saw_pending
+        else:
+            code = job.run(kill_after=rng.uniform(4.0, 16.0))
+        assert code in (0, -9), job.last_log()
+        if code == 0:
+            break
+    assert in_protocol >= 1, "no kill landed after the run's first PENDING epoch"
+    assert job.run() == 0, job.last_log()
+    check_output(job, expected, "json", ROWS)
