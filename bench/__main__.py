@@ -15,6 +15,14 @@ Rows (targets from the performance issue):
 * Python writer path / bare ``mapInArrow`` writing the same files (>= 0.95)
 * information: raw pyarrow, ``maxRecordsPerBatch`` on the Python path, protocol cost per
   epoch (SQLite, PostgreSQL), visibility lag at a 1 s trigger.
+
+Section "Rolling files and S3" (``--only rolling,s3 --splice`` rewrites just that section):
+
+* rolling: a 1 s processing-time stream into Spark's file sink, eosink's file sink and
+  eosink's file sink with rolling files: files per hour Spark / eosink rolling (>= 50),
+  throughput eosink rolling / Spark (>= 0.9)
+* s3: eosink's file sink to ``s3://`` on moto's server / boto3 ``upload_file`` of the same
+  bytes (>= 0.8); a rolling JSON stream to S3 (information)
 """
 
 from __future__ import annotations
@@ -32,10 +40,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._common import FULL, QUICK, Data, Row, failed_row, make_data, med, throughput_row
+from ._common import (
+    FULL,
+    QUICK,
+    Data,
+    Row,
+    failed_row,
+    load_note,
+    make_data,
+    med,
+    throughput_row,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("protocol", "batch", "stream", "iceberg", "runtime", "python", "lag")
+PARTS = ("protocol", "batch", "stream", "iceberg", "runtime", "python", "lag", "rolling", "s3")
+SECTION = "## Rolling files and S3"  # the section the rolling and s3 parts report in
 # The order of the report's ratio rows (the issue's), by the start of their measure.
 ORDER = (
     "file sink batch / `df.write.parquet`, unpartitioned",
@@ -54,6 +73,11 @@ PART_ROWS: dict[str, list[tuple[str, float | None]]] = {
     "iceberg": [("iceberg stream / naive `foreachBatch`", 2.0)],
     "python": [("Python writer path / bare `mapInArrow`", 0.95)],
     "lag": [("visibility lag / trigger interval", None)],
+    "rolling": [
+        ("rolling, 1 s trigger: files per hour, Spark / eosink rolling", 50.0),
+        ("rolling, 1 s trigger: throughput (wall), eosink rolling / Spark", 0.9),
+    ],
+    "s3": [("S3 batch: eosink file sink to `s3://` / boto3 `upload_file`", 0.8)],
 }
 
 
@@ -166,6 +190,45 @@ def runtime_rows(data: Data, size: Any, tmp: Path, quick: bool) -> tuple[list[Ro
     ], res
 
 
+def rolling_and_s3(
+    spark: Any,
+    data: Data,
+    size: Any,
+    tmp: Path,
+    ms: str,
+    parts: set[str],
+    tables: dict[str, list[str]],
+) -> list[Row]:
+    """The parts of the "Rolling files and S3" section, on the run's Spark session; the
+    moto server lives for the s3 part only."""
+    rows: list[Row] = []
+    for part in ("rolling", "s3"):
+        if part not in parts:
+            continue
+        log(f"[{part}]")
+        t0 = time.perf_counter()
+        try:
+            if part == "rolling":
+                from ._rolling import RollingBench
+
+                got, tables["rolling"] = RollingBench(spark, data, size, tmp, ms, log).measure()
+            else:
+                from ._s3 import S3Bench, moto_server, s3_rows
+
+                with moto_server(tmp, log) as endpoint:
+                    got = s3_rows(S3Bench(spark, data, size, tmp, ms, endpoint, log), log)
+            rows += got
+            log(f"  [{part}] {time.perf_counter() - t0:.0f} s")
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            log(f"  FAILED: {why}")
+            rows += [
+                Row(m, f"failed: {why}", "-", "n/a", f">= {t:g}", "**not measured**", part)
+                for m, t in PART_ROWS[part]
+            ]
+    return rows
+
+
 def report(
     out: Path,
     rows: list[Row],
@@ -175,12 +238,13 @@ def report(
     quick: bool,
     took: float,
     runtime: dict[str, Any],
+    tables: dict[str, list[str]],
 ) -> str:
     ratios = sorted(
         (r for r in rows if r.section == "ratios"),
         key=lambda r: next((i for i, o in enumerate(ORDER) if r.measure.startswith(o)), 99),
     )
-    info = [r for r in rows if r.section != "ratios"]
+    info = [r for r in rows if r.section == "info"]
     cmd = ".venv/bin/python -m bench" + (" --quick" if quick else "")
     v = runtime.get("versions", {})
     rt = (
@@ -287,9 +351,131 @@ def report(
         "`after_checkpoint` mode), one new input file per 1 s trigger.",
         "",
     ]
+    if any(r.section in ("rolling", "s3") for r in rows):
+        lines += section_lines(rows, tables, data, size, quick, None)
     text = "\n".join(lines)
     out.write_text(text)
     return text
+
+
+def section_lines(
+    rows: list[Row],
+    tables: dict[str, list[str]],
+    data: Data,
+    size: Any,
+    quick: bool,
+    took: float | None,
+    facts: dict[str, str] | None = None,
+) -> list[str]:
+    """The "Rolling files and S3" section: its ratios, the rolling contenders' table, what
+    the rows measure. With ``took`` (a run of these parts alone): when and on what."""
+    from ._rolling import opts, roll_configs
+    from ._s3 import json_roll
+
+    mine = [r for r in rows if r.section in ("rolling", "s3")]
+    met = sum(r.met == "yes" for r in mine)
+    targets = sum(r.target != "info" for r in mine)
+    lines = [SECTION, ""]
+    if took is not None and facts is not None:
+        lines += [
+            f"Measured on {time.strftime('%Y-%m-%d %H:%M %Z')} by `.venv/bin/python -m bench "
+            f"--only rolling,s3{' --quick' if quick else ''} --splice` (this section alone, "
+            f"{took / 60:.1f} min; same machine and data as above), eosink {facts['eosink']}, "
+            f"pyspark {facts['pyspark']}, boto3 {_version('boto3')}, moto "
+            f"{_version('moto')}"
+            + (" (`--quick`: a smoke run, not figures to quote)" if quick else "")
+            + f"; {load_note()} (above the core count: other work shared the machine).",
+            "",
+        ]
+    lines += [
+        f"Ratios (higher is better; in brackets: the range of the per-repetition ratios). "
+        f"Targets met: {met} of {targets}.",
+        "",
+        "| ratio | eosink | peer | ratio | target | met |",
+        "|---|---|---|---|---|---|",
+        *[table_line(r) for r in mine],
+        "",
+    ]
+    if tables.get("rolling"):
+        lines += [
+            "The rolling stream's contenders (medians of the repetitions; wall and busy: see "
+            "below):",
+            "",
+            *tables["rolling"],
+            "",
+        ]
+    roll, small = roll_configs(data)
+    lines += [
+        "What these rows measure:",
+        "",
+        "* **rolling**: the input's rows re-split into "
+        f"{size.rolling_batches} Parquet files (same generator and ids), read by "
+        '`spark.readStream.schema(s).option("maxFilesPerTrigger", 1).parquet(input)` at a '
+        '`processingTime="1 second"` trigger: one micro-batch a second, unpartitioned, '
+        'into (1) Spark\'s own exactly-once file sink `writeStream.format("parquet")`, '
+        "(2) eosink's file sink with default options (every epoch publishes its files), (3) "
+        f"eosink's file sink with {opts(roll)} (the ratios' contender: a file a minute at "
+        f"most), (4) with {opts(small)} (its timer rolls during the run: the files it "
+        "produces check the model of the files per hour below). "
+        f"{size.rolling_reps} repetitions after a {size.rolling_warmup}-batch warm-up of each, "
+        "contenders "
+        "interleaved in a rotating order, fresh output and checkpoint each time. Each run: "
+        "start, `processAllAvailable` (eosink's handle: every epoch committed), `stop()` "
+        "(eosink's rolls what its slots hold). **Wall**: start to `stop()` returned, so at a "
+        "1 s trigger about one second a batch for everyone; **busy**: the sum of Spark's "
+        "`triggerExecution` of the batches that read rows plus the `stop()` call, i.e. the "
+        "throughput the trigger does not cap (eosink's commits after Spark's checkpoint run "
+        "in a thread off that path). **Files**: visible data files (none under, or named "
+        "with, a leading `_` or `.`, so no `_spark_metadata`, staging or `.crc` files), their "
+        "mean size; every run's rows are checked after the run (count and sum of `id` of the "
+        "visible files equal the input's). **Files per hour** at the 1 s trigger: files per "
+        "micro-batch x 3600 where every epoch publishes its files; for a rolling sink the "
+        "steady state of its conditions at the run's bytes per epoch (a slot rolls after "
+        "`rollover_seconds` or after the epochs that fill `max_file_bytes`, whichever comes "
+        "first), because a run of a minute ends with one roll by `stop()` that a one-hour "
+        "stream would not have; the files the run produced are shown beside it.",
+        "* **S3**: moto's standalone server (`moto_server` of the environment, started on a "
+        "free port of 127.0.0.1 for the part, stopped at its end; it keeps objects in "
+        "memory, on the same 2 cores as Spark), bucket `bench`, credentials `testing`. "
+        '**batch**: `eosink.run(spark.read.parquet(input), sink="file", '
+        'path="s3://bench/<new prefix>", epoch=1, s3_endpoint_url=..., s3_access_key_id='
+        '"testing", s3_secret_access_key="testing", s3_region="us-east-1")` against '
+        "`boto3` `upload_file` (default `TransferConfig`: multipart above 8 MiB, 10 threads) "
+        "of the Parquet files eosink wrote in its warm-up run (downloaded once), one file "
+        "after the other, to a new prefix with a client created before the clock starts. "
+        "eosink's side does everything (reads the input, encodes Parquet, uploads, commits), "
+        "the peer only uploads the same bytes: the ratio is what writing to S3 exactly once "
+        "costs over the bare upload. For information, the same batch into a local directory "
+        '(`writer="python"`: the writers eosink takes on S3), interleaved with both: what '
+        "the S3 path adds to eosink's own cost. "
+        f"{size.reps} repetitions after a warm-up of each, alternating order; every eosink "
+        "run is checked after the run: rows of its visible objects (downloaded), no object "
+        "under `_eosink_staging/`, no open multipart upload; the objects are deleted after "
+        "each run. **rolling stream**: the first "
+        f"{size.s3_stream_batches} files of the re-split input, availableNow, "
+        '`maxFilesPerTrigger=1`, into the file sink with `format="json"` and '
+        f"{opts(json_roll(data))} on S3, against `upload_file` "
+        "of the JSON files it rolled in its warm-up run, and the same stream into a local "
+        'directory (`writer="python"`); information (no target).',
+        "",
+    ]
+    return lines
+
+
+def splice(out: Path, section: list[str]) -> None:
+    """Replace the report's "Rolling files and S3" section (or append it), nothing else."""
+    text = out.read_text() if out.exists() else ""
+    lines = text.splitlines()
+    try:
+        start = lines.index(SECTION)
+    except ValueError:
+        start = len(lines)
+        if lines and lines[-1].strip():
+            lines.append("")
+            start += 1
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    new = lines[:start] + section + lines[end:]
+    out.write_text("\n".join(new).rstrip("\n") + "\n")
 
 
 def table_line(r: Row) -> str:
@@ -322,12 +508,21 @@ def main() -> int:
     )
     ap.add_argument("--out", help="the report (default docs/benchmarks.md)")
     ap.add_argument("--keep", action="store_true", help="keep the temp directory")
+    ap.add_argument(
+        "--splice",
+        action="store_true",
+        help=f"with --only rolling,s3: rewrite only the report's {SECTION[3:]!r} section "
+        "(the rest of the report is left as it is)",
+    )
     a = ap.parse_args()
     parts = set(PARTS) if not a.only else {p.strip() for p in a.only.split(",")}
     unknown = parts - set(PARTS)
     if unknown:
         ap.error(f"unknown part(s) {', '.join(sorted(unknown))}; use {', '.join(PARTS)}")
-    out = Path(a.out) if a.out else (None if a.only else ROOT / "docs" / "benchmarks.md")
+    if a.splice and parts != {"rolling", "s3"}:
+        ap.error("--splice goes with --only rolling,s3 (it rewrites that whole section)")
+    default_out = ROOT / "docs" / "benchmarks.md"
+    out = Path(a.out) if a.out else (None if a.only and not a.splice else default_out)
     size = QUICK if a.quick else FULL
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     logging.basicConfig(level=logging.WARNING)
@@ -335,6 +530,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="eosink-bench-"))
     rows: list[Row] = []
     runtime: dict[str, Any] = {}
+    tables: dict[str, list[str]] = {}
     try:
         facts = machine_facts()
         log("eosink benchmarks: " + ", ".join(f"{k} {v}" for k, v in facts.items()))
@@ -357,7 +553,7 @@ def main() -> int:
 
             log("[protocol] cost per epoch")
             rows += protocol_rows(size.protocol_epochs, tmp, a.pg, log)
-        spark_parts = parts & {"batch", "stream", "iceberg", "python", "lag"}
+        spark_parts = parts & {"batch", "stream", "iceberg", "python", "lag", "rolling", "s3"}
         if spark_parts:
             import eosink
 
@@ -385,6 +581,7 @@ def main() -> int:
                             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                             log(f"  FAILED: {why}")
                             rows += [failed_row(m, t, why) for m, t in PART_ROWS[part]]
+                rows += rolling_and_s3(spark, data, size, tmp, b.ms, parts, tables)
             finally:
                 spark.stop()
         if "runtime" in parts:
@@ -392,9 +589,16 @@ def main() -> int:
             rows += got
         took = time.time() - started
         print_rows(rows)
-        if out is not None:
-            report(out, rows, facts, data, size, a.quick, took, runtime)
+        if out is not None and a.splice:
+            splice(out, section_lines(rows, tables, data, size, a.quick, took, facts))
+            log(f"\nsection {SECTION[3:]!r} written to {out}")
+        elif out is not None:
+            report(out, rows, facts, data, size, a.quick, took, runtime, tables)
             log(f"\nwritten to {out}")
+        elif tables.get("rolling"):
+            log("")
+            for line in tables["rolling"]:
+                log(line)
         log(f"took {took:.0f} s")
     finally:
         if a.keep:

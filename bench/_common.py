@@ -6,6 +6,7 @@ environment, so it needs nothing but pyarrow and the standard library.
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import time
@@ -31,6 +32,10 @@ class Size:
     files_per_trigger: int = 2
     protocol_epochs: int = 10_000
     lag_triggers: int = 8
+    rolling_batches: int = 48  # micro-batches of the rolling and S3 streams (the input re-split)
+    rolling_reps: int = 5  # repetitions of the rolling streams (each takes ~1 s a batch)
+    rolling_warmup: int = 12  # micro-batches of each contender's warm-up stream
+    s3_stream_batches: int = 16  # micro-batches of the rolling S3 stream (JSON: large output)
 
     @property
     def rows(self) -> int:
@@ -42,7 +47,17 @@ class Size:
 
 
 FULL = Size(files=12, rows_per_file=250_000, reps=5)
-QUICK = Size(files=6, rows_per_file=25_000, reps=2, protocol_epochs=300, lag_triggers=4)
+QUICK = Size(
+    files=6,
+    rows_per_file=25_000,
+    reps=2,
+    protocol_epochs=300,
+    lag_triggers=4,
+    rolling_batches=8,
+    rolling_reps=2,
+    rolling_warmup=3,
+    s3_stream_batches=8,
+)
 
 
 @dataclass(frozen=True)
@@ -90,6 +105,55 @@ def make_data(d: Path, size: Size) -> Data:
         arrow_bytes += t.nbytes
         disk += p.stat().st_size
     return Data(d, size.files, size.rows, arrow_bytes, disk)
+
+
+def split_data(data: Data, files: int, d: Path) -> Data:
+    """The same rows as ``data`` (same generator, same ids) in ``files`` smaller files: the
+    input of the streams that take one file per trigger. Generated once, reused."""
+    if data.rows % files:
+        raise ValueError(f"{data.rows} rows do not split into {files} files")
+    if (d / f"in-{files - 1:04d}.parquet").exists():
+        paths = sorted(d.glob("*.parquet"))
+        return Data(d, files, data.rows, data.arrow_bytes, sum(p.stat().st_size for p in paths))
+    got = make_data(d, Size(files=files, rows_per_file=data.rows // files, reps=1))
+    return Data(d, files, data.rows, got.arrow_bytes, got.disk_bytes)
+
+
+def is_hidden(rel: tuple[str, ...]) -> bool:
+    """Whether a file, given as the parts of its path under an output root, is not a visible
+    data file: under a ``_`` or ``.`` directory, or its name starts with ``_`` or ``.``
+    (Spark's ``_SUCCESS``, Hadoop's ``.crc`` checksums)."""
+    return any(part.startswith(("_", ".")) for part in rel)
+
+
+def visible_files(root: Path) -> list[Path]:
+    """The visible data files under ``root`` (see :func:`is_hidden`), sorted."""
+    if not root.exists():
+        return []
+    return sorted(
+        p for p in root.rglob("*") if p.is_file() and not is_hidden(p.relative_to(root).parts)
+    )
+
+
+LOAD: list[float] = []  # 1-minute load averages sampled before runs (see load_note)
+
+
+def sample_load() -> None:
+    try:
+        LOAD.append(os.getloadavg()[0])
+    except OSError:
+        pass
+
+
+def load_note() -> str:
+    """The load averages sampled so far, for the report: other work on the machine."""
+    if not LOAD:
+        return "load average not sampled"
+    s = sorted(LOAD)
+    return (
+        f"1-minute load average before each run: median {statistics.median(s):.1f} "
+        f"(range {s[0]:.1f}-{s[-1]:.1f}) on {os.cpu_count()} cores"
+    )
 
 
 def med(xs: list[float]) -> float:
