@@ -361,3 +361,30 @@ def test_open_files_of_a_crashed_rolling_run_are_published_by_a_later_run(
     assert isinstance(r, eosink.BatchResult) and r.committed
     assert _read_ids(_visible(out), "parquet") == sorted(ids + ids)
     assert _staged(out) == []
+
+
+def test_merge_coalesces_small_row_groups_and_keeps_the_schema(tmp_path: Path) -> None:
+    """The merge of many small Parquet pieces: one row group per million rows, not one per
+    piece (a rolled file is no bigger than its pieces), the first piece's schema metadata,
+    every row in order; a piece with a narrower type is cast."""
+    from eosink_file._rolling import merge_columnar
+
+    pieces = []
+    for i in range(30):
+        ids = pa.array(range(i * 1000, (i + 1) * 1000), pa.int32() if i == 7 else pa.int64())
+        t = pa.table({"id": ids, "s": [f"v{j % 7}" for j in range(1000)]})
+        if i == 0:
+            t = t.replace_schema_metadata({"org.apache.spark.sql.parquet.row.metadata": "{}"})
+        p = tmp_path / f"p{i}.parquet"
+        pq.write_table(t, p, compression="snappy")
+        pieces.append(p)
+    dest = tmp_path / "m.parquet"
+    assert merge_columnar("parquet", "snappy", pieces, dest, fsync=True) == 30_000
+    pf = pq.ParquetFile(dest)
+    assert pf.num_row_groups == 1
+    assert pf.schema_arrow.metadata == {b"org.apache.spark.sql.parquet.row.metadata": b"{}"}
+    assert pq.read_table(dest).column("id").to_pylist() == list(range(30_000))
+    assert dest.stat().st_size < sum(p.stat().st_size for p in pieces)
+    small = tmp_path / "small.parquet"
+    merge_columnar("parquet", "snappy", pieces, small, fsync=False, row_group_rows=10_000)
+    assert pq.ParquetFile(small).num_row_groups == 3

@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("eosink.file")
 
 ROW_FORMATS = ("json", "csv", "text")
+ROW_GROUP_ROWS = 1_000_000
+"""Rows per row group of a merged Parquet file (pieces' smaller row groups are coalesced)."""
 SLOTS_DIR = "slots"
 FLUSH_DIR = "flush"
 
@@ -91,12 +93,21 @@ def piece_content(data: bytes, fmt: str, codec: str, strip_header: bool) -> byte
     return data[_first_record_end(data) :]
 
 
-def merge_columnar(fmt: str, codec: str, sources: Sequence[Path], dest: Path, fsync: bool) -> int:
+def merge_columnar(
+    fmt: str,
+    codec: str,
+    sources: Sequence[Path],
+    dest: Path,
+    fsync: bool,
+    row_group_rows: int = ROW_GROUP_ROWS,
+) -> int:
     """Merge Parquet or ORC pieces into one file at ``dest`` (row groups rewritten).
 
-    pyarrow cannot copy Parquet row groups as raw bytes, so each piece is read and its
-    batches written again with the sink's codec; the schema is the first piece's, the
-    others are cast to it. Returns the rows written.
+    pyarrow cannot copy Parquet row groups as raw bytes, so the pieces are read and written
+    again with the sink's codec (about 85 MB/s of Parquet per thread here). Small row groups
+    of many pieces are coalesced into row groups of ``row_group_rows`` rows, so a rolled
+    file is not bigger than its pieces. The schema (and its metadata, e.g. Spark's) is the
+    first piece's; the others are cast to it. Returns the rows written.
     """
     import pyarrow as pa
 
@@ -105,19 +116,33 @@ def merge_columnar(fmt: str, codec: str, sources: Sequence[Path], dest: Path, fs
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        schema = pq.read_schema(sources[0]).remove_metadata()
-        with pq.ParquetWriter(dest, schema, compression=codec) as w:
+        full = pq.read_schema(sources[0])
+        schema = full.remove_metadata()
+        buf: list[pa.Table] = []
+        buffered = 0
+        with pq.ParquetWriter(dest, full, compression=codec) as w:
+
+            def flush() -> None:
+                nonlocal buf, buffered
+                if buf:
+                    t = pa.concat_tables(buf).replace_schema_metadata(full.metadata)
+                    w.write_table(t, row_group_size=max(buffered, 1))
+                buf, buffered = [], 0
+
             for i, src in enumerate(sources):
                 pf = pq.ParquetFile(src)
                 for rg in range(pf.num_row_groups):
-                    t = pf.read_row_group(rg)
-                    t = t.replace_schema_metadata(None)
+                    t = pf.read_row_group(rg).replace_schema_metadata(None)
                     if t.schema != schema:
                         t = t.cast(schema)
-                    w.write_table(t)
+                    buf.append(t)
+                    buffered += t.num_rows
                     rows += t.num_rows
+                    if buffered >= row_group_rows:
+                        flush()
                 if i == len(sources) // 2:
                     fault_point("roll_mid_merge")
+            flush()
     else:
         import pyarrow.orc as orc
 
