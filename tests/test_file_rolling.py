@@ -388,3 +388,32 @@ def test_merge_coalesces_small_row_groups_and_keeps_the_schema(tmp_path: Path) -
     small = tmp_path / "small.parquet"
     merge_columnar("parquet", "snappy", pieces, small, fsync=False, row_group_rows=10_000)
     assert pq.ParquetFile(small).num_row_groups == 3
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_new_columns_roll_the_open_file_first(spark: Any, tmp_path: Path, fmt: str) -> None:
+    """A file left open (a crash before its roll) and a next run with one more column: the
+    open file is published with the old columns, the new rows go to a new file; nothing is
+    merged across the change (a CSV would get rows under the wrong header)."""
+    from eosink.faults import SimulatedCrash, simulate
+
+    ids = _input(tmp_path / "in", 2, 100)
+    df = spark.read.parquet(str(tmp_path / "in"))
+    out = tmp_path / "out"
+    kw: dict[str, Any] = dict(
+        path=str(out), format=fmt, max_row_count=10**6, metastore_url=f"sqlite:///{tmp_path}/m.db"
+    )
+    with simulate("roll_before_publish"), pytest.raises(SimulatedCrash):
+        eosink.run(df, "file", epoch=1, **kw)
+    wider = df.selectExpr("id + 1000000 AS id", "grp", "payload", "'new' AS extra")
+    r = eosink.run(wider, "file", epoch=2, **kw)
+    assert isinstance(r, eosink.BatchResult) and r.committed
+    files = _visible(out)
+    assert len(files) == 2
+    assert _read_ids(files, fmt) == sorted(ids + [i + 1_000_000 for i in ids])
+    if fmt == "csv":
+        import pyarrow.csv as pcsv
+
+        widths = sorted(pcsv.read_csv(f).num_columns for f in files)
+        assert widths == [3, 4]
+    assert _staged(out) == []

@@ -388,9 +388,23 @@ class Roller:
             for f in sorted(files, key=lambda f: str(f["staged"])):
                 touched.setdefault(f["partition"], []).append(f)
             ext = None
+            changed: list[dict[str, Any]] = []
             for partition, pieces in touched.items():
                 sid = slot_id(partition)
                 slot = head["slots"].get(sid)
+                schema = pieces[0].get("schema")
+                if slot is not None and schema and slot.get("schema") not in (None, schema):
+                    # New columns (or types) cannot join the open file: it rolls as it is.
+                    log.info(
+                        "file sink epoch %d: rolling %s (epochs %d..%d): this epoch's columns "
+                        "differ from the open file's",
+                        epoch,
+                        slot["final"],
+                        slot["start"],
+                        slot["end"],
+                    )
+                    changed.append(head["slots"].pop(sid))
+                    slot = None
                 if slot is None:
                     ext = _ext_of(pieces[0]["staged"])
                     name = f"part-{epoch:010d}-s{self.key[:8]}.{ext}"
@@ -406,6 +420,7 @@ class Roller:
                         "final": f"{partition}/{name}" if partition else name,
                         "inprogress": None,
                         "upload": None,
+                        "schema": schema,
                     }
                 slot["end"] = max(int(slot["end"]), epoch)
                 slot["last_at"] = now
@@ -426,7 +441,7 @@ class Roller:
                     why,
                 )
                 due.append(head["slots"].pop(sid))
-            rolled = self._seal_all(due, f"{self.staging}/{epoch}/_rolled")
+            rolled = self._seal_all(changed + due, f"{self.staging}/{epoch}/_rolled")
             self.inflight[epoch] = base
             self.head = head
             consumed, self._consumed = self._consumed, []

@@ -349,6 +349,14 @@ def _partition_segment(value: Any) -> str:
     return escape_partition_value(text) if text else NULL_PARTITION
 
 
+def schema_id(kind: str, columns: Sequence[tuple[str, str]]) -> str:
+    """A short fingerprint of a piece's data columns (names and types, not nullability).
+
+    Pieces of one open file must share it: a rolling slot whose columns change rolls first.
+    """
+    return hashlib.sha1(json.dumps([kind, list(columns)]).encode()).hexdigest()[:12]
+
+
 def sink_key(sink_id: str) -> str:
     return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
 
@@ -401,6 +409,7 @@ class _OpenFile:
         self.path = path
         self.fmt = fmt
         self.rows = 0
+        self.schema_id = schema_id("arrow", [(f.name, str(f.type)) for f in schema])
         path.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(path, "wb")
         self.out: Any = self.fh
@@ -523,6 +532,7 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
                     "partition": partition,
                     "rows": f.rows,
                     "bytes": size,
+                    "schema": f.schema_id,
                 }
             )
         self.files.clear()
@@ -667,6 +677,8 @@ class FileCoordinator(
         if self.opts.partition_by:
             w = w.partitionBy(*self.opts.partition_by)
         w.save(str(stage))
+        data_cols = [f for f in df.schema.fields if f.name not in self.opts.partition_by]
+        sid = schema_id("spark", [(f.name, f.dataType.simpleString()) for f in data_cols])
         files: list[dict[str, Any]] = []
         for p in sorted(stage.rglob("*")):
             if p.name.startswith((".", "_")) or not p.is_file():
@@ -684,6 +696,7 @@ class FileCoordinator(
                     "partition": rel.parent.as_posix() if rel.parent.parts else "",
                     "rows": _file_rows(p, fmt) if self.opts.max_row_count else None,
                     "bytes": size,
+                    "schema": sid,
                 }
             )
         if self.opts.fsync:  # Spark's writers do not fsync: do it here, files in parallel
