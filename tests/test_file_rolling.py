@@ -279,6 +279,10 @@ def test_s3_stream_rolls_json_into_one_multipart_upload(
     keys = _s3_visible(c, b)
     assert 2 <= len(keys) <= 3, keys
     assert _s3_ids(c, b, keys, "json", tmp_path) == ids
+    from eosink_file.plugin import committed_files
+
+    s3 = {k: v for k, v in _s3_opts(s3_endpoint, b).items() if k != "path"}
+    assert sorted(committed_files(f"s3://{b}/out", **s3)) == [f"s3://{b}/{k}" for k in keys]
     assert c.list_multipart_uploads(Bucket=b).get("Uploads", []) == []
     assert not [k for k, _ in _s3_keys(c, b) if "/_eosink_staging/" in k]
 

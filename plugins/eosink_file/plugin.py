@@ -962,7 +962,12 @@ def _empty_file(path: Path, fmt: str, size: int) -> bool:
     return False
 
 
-def committed_files(path: str | os.PathLike[str], sink_id: str | None = None) -> list[str]:
+_MANIFEST_NAME = re.compile(r"\d+(\.roll-[0-9a-f]+-\d+)?\.json")
+
+
+def committed_files(
+    path: str | os.PathLike[str], sink_id: str | None = None, **s3_options: Any
+) -> list[str]:
     """The files of every committed epoch under ``path``, by the epochs' manifests.
 
     A reader that lists the directory during a commit may see some files of the epoch being
@@ -972,19 +977,31 @@ def committed_files(path: str | os.PathLike[str], sink_id: str | None = None) ->
     roll between epochs, that published it); rows held in open files are not listed.
 
     Args:
-        path: the sink's directory.
+        path: the sink's directory, or its ``s3://bucket/prefix``.
         sink_id: only this sink's epochs (default: every sink writing to ``path``).
+        **s3_options: for an ``s3://`` path, the sink's ``s3_*`` options (endpoint,
+            region, credentials); default: boto3's configuration.
 
     Returns:
-        Absolute paths, by epoch, then file name.
+        Absolute paths (``s3://`` URLs on S3), by epoch, then file name.
     """
+    if str(path).startswith("s3://"):
+        store = S3Store(FileSinkOptions(path=str(path), **s3_options))
+        base = f"{MARKER_DIR}/{COMMITS_DIR}/"
+        prefix = base + (f"{sink_key(sink_id)}/" if sink_id else "")
+        found: list[tuple[int, str]] = []
+        for rel, _ in store.objects(prefix):
+            if _MANIFEST_NAME.fullmatch(rel.rsplit("/", 1)[-1]):
+                data = json.loads(store.get(rel))
+                found += [(int(data["epoch"]), store.url(f["path"])) for f in data["files"]]
+        return [p for _, p in sorted(found)]
     root = Path(path).expanduser().resolve()
-    base = root / MARKER_DIR / COMMITS_DIR
-    dirs = [base / sink_key(sink_id)] if sink_id else sorted(base.glob("*"))
+    base_dir = root / MARKER_DIR / COMMITS_DIR
+    dirs = [base_dir / sink_key(sink_id)] if sink_id else sorted(base_dir.glob("*"))
     out: list[tuple[int, str]] = []
     for d in dirs:
         for m in d.glob("*.json"):
-            if not re.fullmatch(r"\d+(\.roll-[0-9a-f]+-\d+)?", m.stem):
+            if not _MANIFEST_NAME.fullmatch(m.name):
                 continue
             data = json.loads(m.read_bytes())
             out += [(int(data["epoch"]), str(root / f["path"])) for f in data["files"]]
