@@ -421,3 +421,45 @@ def test_new_columns_roll_the_open_file_first(spark: Any, tmp_path: Path, fmt: s
         widths = sorted(pcsv.read_csv(f).num_columns for f in files)
         assert widths == [3, 4]
     assert _staged(out) == []
+
+
+def test_an_aborted_epochs_append_never_reaches_a_rolled_file(tmp_path: Path) -> None:
+    """Rewind at the roll: epoch 2 appends to the open JSON file and is aborted (never
+    committed); epoch 3 adds nothing and the file rolls by inactivity: it holds epoch 1's
+    rows only. A file shorter than recorded is an error, not zero bytes."""
+    from eosink_file.plugin import FileCoordinator, FileSinkOptions
+
+    from eosink.errors import SinkError
+
+    out = tmp_path / "out"
+    opts = FileSinkOptions(path=str(out), format="json", inactivity_seconds=0.2, writer="python")
+    coord = FileCoordinator(opts, "s")
+    coord.init()
+
+    def piece(epoch: int, text: str) -> dict[str, Any]:
+        rel = f"_eosink_staging/{coord.key}/{epoch}/a/f00000.jsonl"
+        (out / rel).parent.mkdir(parents=True, exist_ok=True)
+        (out / rel).write_text(text)
+        return {"files": [{"staged": rel, "partition": "", "rows": 1, "bytes": len(text)}]}
+
+    p1 = coord.pre_commit(1, [piece(1, '{"id": 1}\n')])
+    coord.commit(1, p1.committable)
+    p2 = coord.pre_commit(2, [piece(2, '{"id": 2}\n')])
+    coord.abort(2, p2.committable)
+    time.sleep(0.3)
+    p3 = coord.pre_commit(3, [])
+    assert p3.files == 1
+    coord.commit(3, p3.committable)
+    assert [f.read_text() for f in _visible(out)] == ['{"id": 1}\n']
+
+    p4 = coord.pre_commit(4, [piece(4, '{"id": 4}\n')])
+    coord.commit(4, p4.committable)
+    inprogress = (
+        out
+        / p4.committable["state"]["slots"][next(iter(p4.committable["state"]["slots"]))][
+            "inprogress"
+        ]
+    )
+    inprogress.write_text("")
+    with pytest.raises(SinkError, match="truncated or replaced outside eosink"):
+        coord.pre_commit(5, [piece(5, '{"id": 5}\n')])

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from eosink import SinkError, fault_point
 
-from ._s3 import S3Store, local_tmp_dir
+from ._s3 import MIN_PART_BYTES, S3Store, local_tmp_dir
 
 if TYPE_CHECKING:
     from .plugin import FileSinkOptions
@@ -466,8 +466,7 @@ class Roller:
             path = self._path(slot["inprogress"])
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "ab+") as fh:
-                fh.truncate(int(slot["bytes"]))  # rewind what an unrecorded epoch appended
-                fh.seek(0, os.SEEK_END)
+                self._rewind(fh, slot)
                 for p in pieces:
                     strip = fh.tell() > 0
                     if strip and o.format == "csv":
@@ -493,28 +492,50 @@ class Roller:
             self._upload_tail(slot)
             fault_point("roll_after_part")
 
-    def _upload_tail(self, slot: dict[str, Any]) -> None:
-        """Upload the slot's staged tail as its next part (S3, row formats)."""
+    def _rewind(self, fh: Any, slot: dict[str, Any]) -> None:
+        """Cut an in-progress file back to the length its slot records."""
+        size = fh.seek(0, os.SEEK_END)
+        want = int(slot["bytes"])
+        if size < want:
+            raise SinkError(
+                f"the in-progress file {self._path(slot['inprogress'])} of the open file "
+                f"{slot['final']} (epochs {slot['start']}..{slot['end']}) has {size} bytes, "
+                f"not the {want} committed into it: it was truncated or replaced outside "
+                "eosink, and the rows of those epochs cannot be published"
+            )
+        if size > want:
+            fh.truncate(want)  # what an epoch that was never committed appended
+        fh.seek(0, os.SEEK_END)
+
+    def _upload_tail(self, slot: dict[str, Any], last: bool = False) -> None:
+        """Upload the slot's staged tail as its next part (S3, row formats).
+
+        Every part but the ``last`` must be >= 5 MiB: a tail that is smaller once CSV headers
+        are dropped stays staged.
+        """
         assert self.s3 is not None
         o = self.opts
-        if slot["upload"] is None:
-            slot["upload"] = {"id": self.s3.create_upload(slot["final"]), "parts": []}
         up = slot["upload"]
-        n = len(up["parts"]) + 1
+        n = len(up["parts"]) + 1 if up else 1
         pieces = slot["pieces"]
-        if len(pieces) == 1 and not (o.format == "csv" and n > 1):
+        data: bytes | None = None
+        if not (len(pieces) == 1 and not (o.format == "csv" and n > 1)):
+            data = b"".join(
+                piece_content(
+                    self._read(p["staged"]), o.format, o.codec, strip_header=n > 1 or i > 0
+                )
+                for i, p in enumerate(pieces)
+            )
+            if not last and len(data) < MIN_PART_BYTES:
+                return
+        if up is None:
+            up = slot["upload"] = {"id": self.s3.create_upload(slot["final"]), "parts": []}
+        if data is None:  # one piece, as it is: copied server-side
             part = self.s3.copy_part(
                 slot["final"], up["id"], n, pieces[0]["staged"], pieces[0]["bytes"]
             )
         else:
-            chunks = []
-            for i, p in enumerate(pieces):
-                chunks.append(
-                    piece_content(
-                        self._read(p["staged"]), o.format, o.codec, strip_header=n > 1 or i > 0
-                    )
-                )
-            part = self.s3.upload_part(slot["final"], up["id"], n, b"".join(chunks))
+            part = self.s3.upload_part(slot["final"], up["id"], n, data)
         up["parts"].append(part.as_dict())
         self._consumed += [p["staged"] for p in pieces]
         slot["pieces"] = []
@@ -541,11 +562,16 @@ class Roller:
             "rows": slot["rows"],
         }
         if self.row and self.s3 is None:
+            # Cut what a later, uncommitted epoch may have appended (the rewind), then seal.
+            with open(self._path(slot["inprogress"]), "r+b") as fh:
+                self._rewind(fh, slot)
+                if o.fsync:
+                    os.fsync(fh.fileno())
             out.update(src=slot["inprogress"], bytes=int(slot["bytes"]), drop=drop)
             return out
         if self.row:  # S3: the tail is the last part
             if slot["pieces"] or slot["upload"] is None:
-                self._upload_tail(slot)
+                self._upload_tail(slot, last=True)
             out.update(upload=slot["upload"], bytes=int(slot["bytes"]), drop=drop)
             return out
         # Parquet / ORC: merge the pieces
