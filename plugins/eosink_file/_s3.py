@@ -211,7 +211,7 @@ class S3Store:
     def upload_file_parts(self, local: Path, rel: str, first: int = 1) -> tuple[str, list[Part]]:
         """A new multipart upload of ``local`` to ``rel``, left open (``complete`` publishes it).
 
-        Parts of ``part_bytes`` are sent by a few threads.
+        Parts of ``part_bytes`` are sent by up to 8 threads (boto3's upload_file uses 10).
         """
         upload_id = self.create_upload(rel)
         size = local.stat().st_size
@@ -225,7 +225,7 @@ class S3Store:
                 return self.upload_part(rel, upload_id, first + i, fh.read(step))
 
         try:
-            with ThreadPoolExecutor(max_workers=min(4, len(offsets))) as pool:
+            with ThreadPoolExecutor(max_workers=min(8, len(offsets))) as pool:
                 parts = list(pool.map(send, enumerate(offsets)))
         except BaseException:
             self.abort_upload(rel, upload_id)
