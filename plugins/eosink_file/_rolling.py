@@ -31,6 +31,7 @@ import gzip
 import hashlib
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -159,13 +160,8 @@ def merge_columnar(
                     fault_point("roll_mid_merge")
         finally:
             w2.close()
-        _ = pa  # the ORC path needs no pyarrow names beyond the module
     if fsync:
-        fd = os.open(dest, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(dest)
     return rows
 
 
@@ -183,7 +179,6 @@ class Roller:
         key: str,
         root: Path | None,
         s3: S3Store | None,
-        suffix: str,
         write_json: Callable[[str, dict[str, Any]], None],
         read_json: Callable[[str], dict[str, Any] | None],
     ) -> None:
@@ -191,7 +186,6 @@ class Roller:
         self.key = key
         self.root = root
         self.s3 = s3
-        self.suffix = suffix
         self.write_json = write_json
         self.read_json = read_json
         self.staging = f"_eosink_staging/{key}"
@@ -313,8 +307,9 @@ class Roller:
         for sid in done:
             victims += self._slot_files(self.head["slots"].pop(sid))
             self.committed["slots"].pop(sid, None)
-        self.head["seq"] = self.committed["seq"] = int(self.head["seq"]) + 1
+        self.head["seq"] = int(self.head["seq"]) + 1
         self.store_state(self.head)
+        self.committed["seq"] = self.head["seq"]
         self._delete(victims)
 
     def _write_roll_manifest(self, r: dict[str, Any]) -> None:
@@ -387,7 +382,6 @@ class Roller:
             touched: dict[str, list[dict[str, Any]]] = {}
             for f in sorted(files, key=lambda f: str(f["staged"])):
                 touched.setdefault(f["partition"], []).append(f)
-            ext = None
             changed: list[dict[str, Any]] = []
             for partition, pieces in touched.items():
                 sid = slot_id(partition)
@@ -406,7 +400,7 @@ class Roller:
                     changed.append(head["slots"].pop(sid))
                     slot = None
                 if slot is None:
-                    ext = _ext_of(pieces[0]["staged"])
+                    ext = piece_ext(pieces[0]["staged"])
                     name = f"part-{epoch:010d}-s{self.key[:8]}.{ext}"
                     slot = head["slots"][sid] = {
                         "partition": partition,
@@ -461,7 +455,7 @@ class Roller:
         if self.s3 is None:  # append to the slot's in-progress file, after a rewind
             if slot["inprogress"] is None:
                 slot["inprogress"] = (
-                    f"{self.staging}/{SLOTS_DIR}/{sid}-{slot['start']}.{_ext_of(slot['final'])}"
+                    f"{self.staging}/{SLOTS_DIR}/{sid}-{slot['start']}.{piece_ext(slot['final'])}"
                 )
             path = self._path(slot["inprogress"])
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -631,14 +625,17 @@ class Roller:
                 final.parent.mkdir(parents=True, exist_ok=True)
                 os.link(src, final)  # fails if ``final`` exists: never overwritten
                 if self.opts.fsync:
-                    _fsync_dir(final.parent)
+                    fsync_path(final.parent)
                 src.unlink()
         fault_point("roll_after_publish")
 
     def store_state(self, state: State) -> None:
-        """Store ``state`` in the target unless a newer one is there (a replayed commit)."""
-        have = self.read_json(self.state_rel)
-        if have is not None and int(have["seq"]) >= int(state["seq"]):
+        """Store ``state`` in the target unless a newer one is there (a replayed commit).
+
+        ``committed`` mirrors the stored state (read at the start, updated after every store;
+        only this sink's fenced run writes it), so no read of the target is needed.
+        """
+        if int(self.committed["seq"]) >= int(state["seq"]):
             return
         self.write_json(self.state_rel, state)
 
@@ -658,7 +655,8 @@ class Roller:
             self._delete([d for r in c["rolled"] for d in r["drop"]] + list(c.get("consumed", [])))
             fault_point("roll_after_drop")
             self.inflight.pop(epoch, None)
-            self.committed = c["state"]
+            if int(c["state"]["seq"]) >= int(self.committed["seq"]):
+                self.committed = c["state"]
             if not self.inflight:
                 self.head = copy.deepcopy(c["state"])
 
@@ -770,13 +768,14 @@ def manifest(epoch: int, sealed: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _ext_of(rel: str) -> str:
-    import re
-
+def piece_ext(rel: str) -> str:
+    """A file name's extension after its first dot: ``parquet``, ``jsonl.gz``; Spark's
+    ``part-...c000.snappy.parquet`` gives ``snappy.parquet`` (its ``c000`` dropped)."""
     return re.sub(r"^c\d+\.", "", rel.rsplit("/", 1)[-1].split(".", 1)[1])
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -784,5 +783,12 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["Roller", "manifest", "merge_columnar", "piece_content", "slot_id"]
-_ = local_tmp_dir  # re-exported for the writer
+__all__ = [
+    "Roller",
+    "fsync_path",
+    "manifest",
+    "merge_columnar",
+    "piece_content",
+    "piece_ext",
+    "slot_id",
+]

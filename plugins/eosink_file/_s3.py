@@ -106,6 +106,12 @@ class S3Store:
                 "or check s3_endpoint_url and the credentials"
             ) from None
 
+    @staticmethod
+    def missing(exc: BaseException) -> bool:
+        """Whether a boto3 error says the object does not exist."""
+        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+        return code in ("404", "NoSuchKey", "NotFound")
+
     def size(self, rel: str) -> int | None:
         from botocore.exceptions import ClientError
 
@@ -114,7 +120,7 @@ class S3Store:
                 self.client.head_object(Bucket=self.bucket, Key=self.key(rel))["ContentLength"]
             )
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if self.missing(exc):
                 return None
             raise
 

@@ -68,7 +68,7 @@ from eosink import (
     fault_point,
 )
 
-from ._rolling import Roller, manifest
+from ._rolling import Roller, fsync_path, manifest, piece_ext
 from ._s3 import S3Store, local_tmp_dir
 
 log = logging.getLogger("eosink.file")
@@ -373,15 +373,6 @@ def _json_default(v: Any) -> Any:
     raise TypeError(f"cannot write {type(v).__name__} as JSON")
 
 
-def _fsync(path: Path) -> None:
-    """fsync a file or a directory."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_json_atomic(path: Path, data: dict[str, Any], fsync: bool) -> None:
     """Write ``data`` as JSON to ``path`` by rename: readers see the old or the new file."""
     d = path.parent
@@ -394,7 +385,7 @@ def _write_json_atomic(path: Path, data: dict[str, Any], fsync: bool) -> None:
             os.fsync(fh.fileno())
     os.replace(tmp, path)
     if fsync:
-        _fsync(d)
+        fsync_path(d)
 
 
 def _suffix(opts: FileSinkOptions) -> str:
@@ -457,7 +448,7 @@ class _OpenFile:
                 os.fsync(self.fh.fileno())
             self.fh.close()
         elif fsync:
-            _fsync(self.path)
+            fsync_path(self.path)
         return self.path.stat().st_size
 
 
@@ -610,7 +601,6 @@ class FileCoordinator(
             self.key,
             None if self.s3 else self.root,
             self.s3,
-            _suffix(opts),
             self._write_json,
             self._read_json,
         )
@@ -622,7 +612,7 @@ class FileCoordinator(
         except FileNotFoundError:
             return None
         except Exception as exc:
-            if self.s3 is not None and _s3_missing(exc):
+            if self.s3 is not None and S3Store.missing(exc):
                 return None
             raise
         data: dict[str, Any] = json.loads(raw)
@@ -703,9 +693,9 @@ class FileCoordinator(
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(max_workers=8) as pool:
-                list(pool.map(_fsync, [self.root / f["staged"] for f in files]))
+                list(pool.map(fsync_path, [self.root / f["staged"] for f in files]))
             for d in {stage / Path(f["partition"]) for f in files}:
-                _fsync(d)
+                fsync_path(d)
         return [{"files": files}]
 
     def init(self) -> None:
@@ -776,7 +766,7 @@ class FileCoordinator(
         files = []
         for n, f in enumerate(sorted(staged, key=lambda f: str(f["staged"]))):
             # "parquet", "jsonl.gz"; Spark's "c000.snappy.parquet" loses its "c000".
-            ext = re.sub(r"^c\d+\.", "", Path(f["staged"]).name.split(".", 1)[1])
+            ext = piece_ext(f["staged"])
             name = f"part-{epoch:010d}-{n:05d}-{token}.{ext}"
             final = f"{f['partition']}/{name}" if f["partition"] else name
             files.append(
@@ -849,7 +839,7 @@ class FileCoordinator(
                 fault_point("mid_commit")
         if self.opts.fsync:
             for d in dirs:
-                _fsync(d)
+                fsync_path(d)
 
     def _clean_epoch(self, epoch: int, keep: set[str]) -> None:
         """Delete what is staged for ``epoch`` except ``keep`` (pieces of open slots)."""
@@ -931,11 +921,6 @@ class FileCoordinator(
 
     def next_roll_in(self) -> float | None:
         return self.roller.next_roll_in()
-
-
-def _s3_missing(exc: BaseException) -> bool:
-    code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
-    return code in ("404", "NoSuchKey", "NotFound")
 
 
 def _file_rows(path: Path, fmt: str) -> int | None:
