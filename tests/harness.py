@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -285,6 +286,29 @@ class Job:
 
     def last_log(self) -> str:
         return self.logs[-1][-6000:] if self.logs else ""
+
+
+def run_with_random_kills(job: Job, rng: random.Random, window: float) -> None:
+    """Run ``job`` with its driver killed at random instants, then until it exits 0.
+
+    Kills alternate between an instant drawn from the first change of the sink's meta store
+    rows in that run (up to ``window`` seconds after it, so kills provably land inside the
+    protocol) and one drawn from the start of the driver (which may land in Spark's
+    start-up). At least one kill must land after a run's first PENDING epoch.
+    """
+    in_protocol = 0
+    for attempt in range(4):
+        if attempt % 2 == 0:
+            code = job.run(kill_in_protocol=rng.uniform(0.0, window))
+            # Killed, and the kill came after this run's first PENDING epoch.
+            in_protocol += code == -9 and job.saw_pending
+        else:
+            code = job.run(kill_after=rng.uniform(4.0, 16.0))
+        assert code in (0, -9), job.last_log()
+        if code == 0:
+            break
+    assert in_protocol >= 1, "no kill landed after the run's first PENDING epoch"
+    assert job.run() == 0, job.last_log()
 
 
 def read_ids(out: Path, partitioned: bool = False) -> list[int]:

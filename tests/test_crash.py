@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from conftest import metastore_for
-from harness import Job, epoch_states, make_input, read_ids, staged_files
+from harness import Job, epoch_states, make_input, read_ids, run_with_random_kills, staged_files
 
 pytestmark = pytest.mark.crash
 
@@ -229,21 +229,8 @@ def test_random_kills(
     rng = random.Random(f"{mode}-{metastore_url[:6]}")
     job = Job(tmp_path, mode, metastore_url)
     expected = make_input(job.input, files=6)
-    in_protocol = 0
     # A batch job has one epoch: its protocol lasts from PENDING to exit, about a second.
-    window = 0.5 if mode == "batch" else 2.5
-    for attempt in range(4):
-        if attempt % 2 == 0:
-            code = job.run(kill_in_protocol=rng.uniform(0.0, window))
-            # Killed, and the kill came after this run's first PENDING epoch.
-            in_protocol += code == -9 and job.saw_pending
-        else:
-            code = job.run(kill_after=rng.uniform(4.0, 16.0))
-        assert code in (0, -9), job.last_log()
-        if code == 0:
-            break
-    assert in_protocol >= 1, "no kill landed after the run's first PENDING epoch"
-    assert job.run() == 0, job.last_log()
+    run_with_random_kills(job, rng, window=0.5 if mode == "batch" else 2.5)
     _check(job, expected)
 
 

@@ -14,29 +14,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from harness import make_input
 
 import eosink
-
-GROUPS = ["a", "b", "c"]
-
-
-def _input(d: Path, files: int, rows: int, pad: int = 0) -> list[int]:
-    d.mkdir(parents=True, exist_ok=True)
-    ids: list[int] = []
-    for f in range(files):
-        chunk = list(range(f * rows, (f + 1) * rows))
-        ids += chunk
-        pq.write_table(
-            pa.table(
-                {
-                    "id": pa.array(chunk, pa.int64()),
-                    "grp": [GROUPS[i % 3] for i in chunk],
-                    "payload": [f"p{i}" + "x" * pad for i in chunk],
-                }
-            ),
-            d / f"in-{f:04d}.parquet",
-        )
-    return ids
 
 
 def _visible(root: Path) -> list[Path]:
@@ -80,7 +60,7 @@ def test_stream_rolls_by_rows_fewer_files_every_row_once(
 ) -> None:
     """12 micro-batches of 100 rows, rolling at 300 rows: 4 files, not 12; each valid; every
     row once; nothing left staged after the stream ends; the figures say what is held."""
-    ids = _input(tmp_path / "in", 12, 100)
+    ids = make_input(tmp_path / "in", 12, 100)
     out = tmp_path / "out"
     h = eosink.run(
         _stream(spark, tmp_path / "in"),
@@ -110,7 +90,7 @@ def test_stream_rolls_by_rows_fewer_files_every_row_once(
 
 def test_batch_run_rolls_everything_at_its_end(spark: Any, tmp_path: Path) -> None:
     """A batch run with rolling options leaves nothing open: one file per partition."""
-    ids = _input(tmp_path / "in", 3, 200)
+    ids = make_input(tmp_path / "in", 3, 200)
     out = tmp_path / "out"
     df = spark.read.parquet(str(tmp_path / "in")).repartition(4)
     kw: dict[str, Any] = dict(
@@ -122,8 +102,14 @@ def test_batch_run_rolls_everything_at_its_end(spark: Any, tmp_path: Path) -> No
     r = eosink.run(df, "file", epoch=1, **kw)
     assert isinstance(r, eosink.BatchResult) and r.committed
     files = _visible(out)
-    assert len(files) == 3  # one per partition directory, 4 tasks merged
-    assert sorted(f.parent.name for f in files) == ["grp=a", "grp=b", "grp=c"]
+    assert len(files) == 5  # one per partition directory, 4 tasks merged
+    assert sorted(f.parent.name for f in files) == [
+        "grp=..",
+        "grp=__HIVE_DEFAULT_PARTITION__",
+        "grp=de%2Fat",
+        "grp=fr",
+        "grp=x%25y",
+    ]
     assert _read_ids(files, "parquet") == ids
     assert _staged(out) == []
     # a re-run is a no-op; a second epoch appends new files, never rewrites old ones
@@ -131,7 +117,7 @@ def test_batch_run_rolls_everything_at_its_end(spark: Any, tmp_path: Path) -> No
     eosink.run(df, "file", epoch=1, **kw)
     assert {f: f.stat().st_mtime_ns for f in _visible(out)} == before
     eosink.run(df, "file", epoch=2, **kw)
-    assert len(_visible(out)) == 6
+    assert len(_visible(out)) == 10
     assert _read_ids(_visible(out), "parquet") == sorted(ids + ids)
 
 
@@ -139,7 +125,7 @@ def test_inactivity_rolls_a_quiet_stream(spark: Any, tmp_path: Path) -> None:
     """A running stream whose source went quiet publishes its open file after
     inactivity_seconds, without a new micro-batch and before stop()."""
     src = tmp_path / "in"
-    ids = _input(src, 2, 50)
+    ids = make_input(src, 2, 50)
     out = tmp_path / "out"
     h = eosink.run(
         _stream(spark, src),
@@ -237,7 +223,7 @@ def test_s3_batch_publishes_with_multipart_uploads(
     """A partitioned batch on S3: every row once, no open upload, nothing staged; the secret
     never reaches the log or the meta store."""
     c, b = _bucket(s3_endpoint)
-    ids = _input(tmp_path / "in", 2, 300)
+    ids = make_input(tmp_path / "in", 2, 300)
     df = spark.read.parquet(str(tmp_path / "in")).repartition(3)
     r = eosink.run(
         df,
@@ -262,7 +248,7 @@ def test_s3_stream_rolls_json_into_one_multipart_upload(
     """JSON lines on S3 with max_file_bytes: pieces of ~2 MiB become 5 MiB parts of one
     upload spanning epochs; a tail under 5 MiB waits staged; the stop publishes it."""
     c, b = _bucket(s3_endpoint)
-    ids = _input(tmp_path / "in", 8, 1000, pad=2000)  # ~2 MiB of JSON per micro-batch
+    ids = make_input(tmp_path / "in", 8, 1000, pad=2000)  # ~2 MiB of JSON per micro-batch
     h = eosink.run(
         _stream(spark, tmp_path / "in"),
         "file",
@@ -290,7 +276,7 @@ def test_s3_stream_rolls_json_into_one_multipart_upload(
 def test_two_hundred_epochs_make_few_files(spark: Any, tmp_path: Path) -> None:
     """200 micro-batches (one small input file each), max_file_bytes: far fewer files than
     epochs, each a valid Parquet file, every row exactly once, nothing left staged."""
-    ids = _input(tmp_path / "in", 200, 20, pad=200)
+    ids = make_input(tmp_path / "in", 200, 20, pad=200)
     out = tmp_path / "out"
     h = eosink.run(
         _stream(spark, tmp_path / "in"),
@@ -319,7 +305,7 @@ def test_s3_tail_under_a_part_waits_staged_for_many_epochs(
     """Small JSON epochs on S3: no multipart upload is started while the slot's tail stays
     under 5 MiB; the pieces wait staged; the end of the stream publishes one file."""
     c, b = _bucket(s3_endpoint)
-    ids = _input(tmp_path / "in", 10, 30)
+    ids = make_input(tmp_path / "in", 10, 30)
     h = eosink.run(
         _stream(spark, tmp_path / "in"),
         "file",
@@ -353,7 +339,7 @@ def test_open_files_of_a_crashed_rolling_run_are_published_by_a_later_run(
     next run has no rolling options at all: it still publishes the open file, once."""
     from eosink.faults import SimulatedCrash, simulate
 
-    ids = _input(tmp_path / "in", 2, 100)
+    ids = make_input(tmp_path / "in", 2, 100)
     df = spark.read.parquet(str(tmp_path / "in"))
     out = tmp_path / "out"
     ms = f"sqlite:///{tmp_path}/m.db"
@@ -401,7 +387,7 @@ def test_new_columns_roll_the_open_file_first(spark: Any, tmp_path: Path, fmt: s
     merged across the change (a CSV would get rows under the wrong header)."""
     from eosink.faults import SimulatedCrash, simulate
 
-    ids = _input(tmp_path / "in", 2, 100)
+    ids = make_input(tmp_path / "in", 2, 100)
     df = spark.read.parquet(str(tmp_path / "in"))
     out = tmp_path / "out"
     kw: dict[str, Any] = dict(

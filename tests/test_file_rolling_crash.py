@@ -40,6 +40,7 @@ from harness import (
     make_input,
     payload,
     read_output_rows,
+    run_with_random_kills,
     s3_client,
 )
 
@@ -347,16 +348,5 @@ def test_rolling_random_kills(tmp_path: Path) -> None:
     rng = random.Random("rolling-random-kills")
     job = _job(tmp_path, "local", "stream", "json", None, True, {"max_row_count": 500})
     expected = make_input(job.input, files=6, rows=ROWS)
-    in_protocol = 0
-    for attempt in range(4):
-        if attempt % 2 == 0:
-            code = job.run(kill_in_protocol=rng.uniform(0.0, 2.5))
-            in_protocol += code == -9 and job.saw_pending
-        else:
-            code = job.run(kill_after=rng.uniform(4.0, 16.0))
-        assert code in (0, -9), job.last_log()
-        if code == 0:
-            break
-    assert in_protocol >= 1, "no kill landed after the run's first PENDING epoch"
-    assert job.run() == 0, job.last_log()
+    run_with_random_kills(job, rng, window=2.5)
     check_output(job, expected, "json", ROWS)
