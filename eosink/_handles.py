@@ -26,7 +26,8 @@ class BatchResult:
         sink_id: the sink.
         epoch: the epoch written.
         rows: rows written in this call (0 when skipped).
-        files: files (or other units) the committable published.
+        files: files (or other units) the run published: the epoch's commit's, plus the
+            files a sink whose files span epochs rolled at the run's end.
         committed: True: the epoch is visible.
         skipped: True when the epoch had been committed before (a re-run is a no-op).
         recovered: True when a crashed earlier run's pending epoch was finished instead.

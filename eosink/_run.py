@@ -6,6 +6,7 @@ through :class:`~eosink._protocol.Epoch`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from typing import TYPE_CHECKING, Any, Literal
@@ -150,8 +151,8 @@ def _run_batch(
     df: DataFrame, runtime: SinkRuntime, schema: pa.Schema, epoch: int | None
 ) -> BatchResult:
     result = _batch_epoch(df, runtime, schema, epoch)
-    runtime.roll(everything=True)  # a batch run leaves no rows in open files
-    return result
+    rolled = runtime.roll(everything=True)  # a batch run leaves no rows in open files
+    return dataclasses.replace(result, files=result.files + rolled) if rolled else result
 
 
 def _batch_epoch(

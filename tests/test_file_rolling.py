@@ -103,6 +103,7 @@ def test_batch_run_rolls_everything_at_its_end(spark: Any, tmp_path: Path) -> No
     assert isinstance(r, eosink.BatchResult) and r.committed
     files = _visible(out)
     assert len(files) == 5  # one per partition directory, 4 tasks merged
+    assert r.files == 5  # published by the roll at the run's end
     assert sorted(f.parent.name for f in files) == [
         "grp=..",
         "grp=__HIVE_DEFAULT_PARTITION__",
