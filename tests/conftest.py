@@ -204,3 +204,17 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_kafka_conf() -> dict[str, str]:
+    """Spark settings (``spark.jars``) of a driver that uses Spark's Kafka connector
+    (``format("kafka")``): the jars of ``jvm.SPARK_KAFKA`` that pyspark does not ship.
+
+    For a new SparkContext only: start the driver in a subprocess (a worker that already
+    made the shared ``spark`` session cannot add jars), e.g. ``eosink.spark_session(master,
+    **{k.replace(".", "__"): v for k, v in conf.items()})`` there.
+    """
+    from jvm import spark_kafka_conf as conf
+
+    return conf()

@@ -10,12 +10,16 @@ one (a ``.complete`` file is written last).
 ``KafkaBroker`` starts a real single-node Apache Kafka (KRaft mode, combined broker and
 controller) as a JVM process on free loopback ports, in a temp directory.
 
+``spark_kafka_jars()`` / ``spark_kafka_conf()``: Spark's Kafka connector (``SPARK_KAFKA``)
+for a new Spark driver that reads or writes Kafka with ``format("kafka")``.
+
 Used by the test fixtures and by ``bench/``; needs ``mvn`` and ``java`` (17+) on the machine,
 and says so when either is missing.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -383,6 +387,48 @@ def driver_submit_args(archive: Path) -> str | None:
         f"--driver-java-options '-XX:SharedArchiveFile={archive} -Xshare:auto -Xlog:cds=off' "
         "pyspark-shell"
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Spark's Kafka connector (Kafka as a Spark source, Spark's own Kafka sink)
+# ---------------------------------------------------------------------------------------
+# Maven Central has no spark-sql-kafka for pyspark 4.3.0; the 4.2.0 connector works with it
+# (batch and streaming reads with kafka.isolation.level=read_committed, batch and streaming
+# writes: tests/test_kafka_source.py). Its Scala/Spark APIs are the same across 4.x.
+SPARK_KAFKA_VERSION = "4.2.0"
+SPARK_KAFKA = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_KAFKA_VERSION}"
+
+
+def _artifact(jar: Path) -> str:
+    """The artifact name of a jar file named ``<artifact>-<version>.jar``."""
+    return jar.name[: -len(".jar")].rsplit("-", 1)[0]
+
+
+@functools.cache
+def spark_kafka_jars() -> list[Path]:
+    """The jars to add to pyspark's for Spark's Kafka connector (``spark.jars``).
+
+    :data:`SPARK_KAFKA` and its runtime dependencies from Maven Central (cached, see
+    :func:`fetch`; about 6 s and 67 MB when nothing is cached yet), less every artifact
+    pyspark already ships in ``pyspark/jars`` whatever its version (Scala, Hadoop client,
+    lz4, snappy, slf4j, spark-tags...: two copies of a class on one classpath is trouble).
+    What is left: the connector, its token provider, ``kafka-clients`` and
+    ``commons-pool2``. Give them to a new driver as
+    ``spark.jars=",".join(map(str, spark_kafka_jars()))`` (or ``--jars`` in
+    ``PYSPARK_SUBMIT_ARGS``); a running SparkContext cannot take them.
+    """
+    import pyspark
+
+    shipped = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    jars = [j for j in fetch([SPARK_KAFKA]) if _artifact(j) not in shipped]
+    if not any(_artifact(j) == "spark-sql-kafka-0-10_2.13" for j in jars):
+        raise RuntimeError(f"{SPARK_KAFKA}: the connector jar is not among {jars}")
+    return jars
+
+
+def spark_kafka_conf() -> dict[str, str]:
+    """Spark settings of a driver that uses Spark's Kafka connector (``spark.jars``)."""
+    return {"spark.jars": ",".join(str(j) for j in spark_kafka_jars())}
 
 
 if __name__ == "__main__":
