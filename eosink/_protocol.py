@@ -741,6 +741,9 @@ class SinkRuntime:
                 )
             time.sleep(delay * (1 + random.random() * 0.2))
             delay = min(delay * 2, 5.0)
+            # A retry may start over with the target (e.g. fence a Kafka transactional id):
+            # never after another coordinator took the sink over.
+            self.store.assert_live(self.sink_id, self.generation)
         fault_point("after_commit")
         fig.commit_ms = (time.perf_counter() - t0) * 1000
         self.store.mark_committed(self.sink_id, self.generation, epoch, commit_ms=fig.commit_ms)

@@ -36,9 +36,24 @@ roll_after_drop        the rolled slots' staged pieces are deleted (between epoc
                        the slots' state not yet stored)
 =====================  =============================================================
 
+Points of the kafka sink (one transaction per chunk of staged records):
+
+=====================  =============================================================
+kafka_after_init       ``init_transactions`` of a transactional id returned (zombies
+                       fenced, their open transaction aborted); its marker not read
+kafka_mid_produce      inside a chunk's transaction: records produced, not all, no
+                       marker
+kafka_before_commit    a chunk's records and the slot's marker are produced and
+                       flushed; ``commit_transaction`` not called
+=====================  =============================================================
+
 Executor points kill the Python worker of a task's *first* attempt (a lost executor; Spark
 retries the task): ``task_before_finish`` before ``finish_write``, ``task_after_finish``
 after it (the writer's files are durable, its result never reaches the driver).
+
+``EOSINK_FAULT_SIGNAL=STOP`` sends SIGSTOP instead of SIGKILL: the process freezes there
+(a driver that stalls, e.g. a long GC pause, while another takes over: a *zombie*) until it
+gets SIGCONT.
 
 If ``EOSINK_FAULT_MARK`` names a directory, a file ``<point>.<pid>`` is created there right
 before the kill, so a test can tell which point fired and in which process.
@@ -78,6 +93,9 @@ DRIVER_FAULT_POINTS = (
     "roll_after_publish",
     "roll_before_drop",
     "roll_after_drop",
+    "kafka_after_init",
+    "kafka_mid_produce",
+    "kafka_before_commit",
 )
 """The driver's fault points, in protocol order (see the table above)."""
 EXECUTOR_FAULT_POINTS = ("task_before_finish", "task_after_finish")
@@ -149,4 +167,5 @@ def fault_point(name: str, *, first_attempt: bool = True) -> None:
             with open(os.path.join(mark, f"{name}.{os.getpid()}"), "w") as fh:
                 fh.flush()
                 os.fsync(fh.fileno())
-        os.kill(os.getpid(), signal.SIGKILL)
+        sig = os.environ.get("EOSINK_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")
+        os.kill(os.getpid(), signal.SIGSTOP if sig == "STOP" else signal.SIGKILL)

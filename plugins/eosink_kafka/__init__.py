@@ -1,0 +1,1 @@
+"""The ``kafka`` sink: exactly-once into Apache Kafka through transactions (confluent-kafka)."""

@@ -1,0 +1,304 @@
+"""The kafka sink's coordinator: stage, then publish each chunk with its marker in one transaction.
+
+``pre_commit`` cuts the epoch's staged files into chunks and assigns every file to a slot of
+the fixed pool of transactional ids (file ``i`` to slot ``i % transactions``); the
+committable lists, per slot, the chunks in order. ``commit`` publishes the slots in parallel
+(one thread per slot on the driver): per chunk ``begin_transaction`` -> the records -> the
+slot's new marker -> ``commit_transaction``, skipping what the marker already covers, so a
+replayed commit publishes nothing twice. No transaction is open across a checkpoint: a new
+driver never needs to finish a transaction a dead one opened (librdkafka cannot).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from eosink import (
+    FencedError,
+    Prepared,
+    SinkCommitCoordinator,
+    SparkWriter,
+    StagedEpochs,
+    TargetMarker,
+    fault_point,
+)
+
+from .options import KafkaSinkOptions, check_columns, sink_key
+from .staging import chunks_of, fsync_path, read_chunk, staged_file_info, staging_root
+
+__all__ = ["KafkaCoordinator", "make_coordinator", "validate_schema"]
+
+log = logging.getLogger("eosink.kafka")
+
+
+def validate_schema(opts: KafkaSinkOptions, schema: pa.Schema) -> None:
+    """The columns of Spark's Kafka sink, with their types; a topic from somewhere."""
+    from eosink import SchemaMismatchError
+
+    check_columns(schema.names)
+
+    def is_bytes(t: pa.DataType) -> bool:
+        return bool(
+            pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)
+        )
+
+    for name in ("value", "key"):
+        if name in schema.names and not is_bytes(schema.field(name).type):
+            raise SchemaMismatchError(
+                f"column {name!r} is {schema.field(name).type}; the kafka sink writes string or "
+                f"binary {name}s: cast it (CAST({name} AS STRING)) or encode it "
+                "(to_json, to_avro...)"
+            )
+    if "topic" in schema.names and not (
+        pa.types.is_string(schema.field("topic").type)
+        or pa.types.is_large_string(schema.field("topic").type)
+    ):
+        raise SchemaMismatchError(f"column 'topic' is {schema.field('topic').type}, not a string")
+    if "partition" in schema.names and not pa.types.is_integer(schema.field("partition").type):
+        raise SchemaMismatchError(
+            f"column 'partition' is {schema.field('partition').type}, not an integer"
+        )
+    if "headers" in schema.names:
+        t = schema.field("headers").type
+        ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type)
+        if ok:
+            names = {t.value_type.field(i).name for i in range(t.value_type.num_fields)}
+            ok = names == {"key", "value"}
+        if not ok:
+            raise SchemaMismatchError(
+                f"column 'headers' is {t}; the kafka sink (as Spark's) writes "
+                "array<struct<key: string, value: binary>>"
+            )
+    if opts.topic is None and "topic" not in schema.names:
+        raise SchemaMismatchError(
+            "no topic: give the option topic= or a 'topic' column naming each record's topic"
+        )
+
+
+class KafkaCoordinator(
+    SinkCommitCoordinator[dict[str, Any], dict[str, Any]],
+    SparkWriter[dict[str, Any]],
+    StagedEpochs,
+    TargetMarker,
+):
+    """Publishes staged chunks through a fixed pool of transactional ids (see the module)."""
+
+    def __init__(self, opts: KafkaSinkOptions, sink_id: str) -> None:
+        from .transactions import Admin
+
+        self.opts = opts
+        self.sink_id = sink_id
+        self.key = sink_key(sink_id)
+        self.staging = staging_root(opts, sink_id)
+        self.control_topic = opts.control(sink_id)
+        self.admin = Admin(opts)
+        self.slots: dict[int, Any] = {}
+        self.sink_marker: dict[str, Any] | None = None
+        self.cluster = ""
+        self._lock = threading.Lock()
+
+    # -- the pool --------------------------------------------------------------------------
+    def _slot(self, n: int) -> Any:
+        from .transactions import Slot
+
+        slot = self.slots.get(n)
+        if slot is None:
+            slot = self.slots[n] = Slot(
+                self.opts, f"eosink-{self.key}-{n}", self.control_topic, f"{self.key}/{n}"
+            )
+        return slot
+
+    def _ready(self, numbers: Iterable[int]) -> None:
+        """Initialise the slots that are not (``init_transactions`` first), then read markers."""
+        from .transactions import read_markers
+
+        todo = [self._slot(n) for n in sorted(set(numbers)) if not self._slot(n).ready]
+        if not todo:
+            return
+        for slot in todo:
+            slot.init()
+        markers = read_markers(self.opts, self.control_topic, f"{self.key}/")
+        for slot in todo:
+            slot.marker = markers.get(slot.marker_key)
+            slot.ready = True
+        self.sink_marker = markers.get(f"{self.key}/sink", self.sink_marker)
+
+    def init(self) -> None:
+        """Fence every id of the pool (aborting lingering transactions), read the markers."""
+        if self.opts.topic is not None:
+            self.admin.check_topic(self.opts.topic)
+        self.cluster = self.admin.cluster_id()
+        self.admin.ensure_control_topic(self.control_topic)
+        self._ready(range(self.opts.transactions))
+        pool = int((self.sink_marker or {}).get("pool", 0))
+        if pool > self.opts.transactions:
+            # A run with a larger pool: its ids may hold transactions and its slots chunks of
+            # a PENDING epoch; fence them too.
+            self._ready(range(pool))
+        self.staging.mkdir(parents=True, exist_ok=True)
+        log.info(
+            "kafka sink %s: %d transactional id(s) eosink-%s-<n> ready; control topic %s",
+            self.sink_id,
+            len(self.slots),
+            self.key,
+            self.control_topic,
+        )
+
+    def target_id(self) -> str:
+        where = self.opts.topic if self.opts.topic is not None else "<topic column>"
+        return f"kafka:{self.cluster}/{where}"
+
+    # -- the marker ------------------------------------------------------------------------
+    def _last_epoch(self) -> int:
+        last = int((self.sink_marker or {}).get("last_epoch", -1))
+        for slot in self.slots.values():
+            if slot.marker:
+                last = max(last, int(slot.marker.get("epoch", -1)))
+        return last
+
+    def read_marker(self) -> dict[str, Any] | None:
+        last = self._last_epoch()
+        if self.sink_marker is None and last < 0:
+            return None
+        out = {k: v for k, v in (self.sink_marker or {}).items() if k != "pool"}
+        out["last_epoch"] = last
+        return out
+
+    def write_marker(self, marker: dict[str, Any]) -> None:
+        value = {
+            **marker,
+            "last_epoch": self._last_epoch(),
+            "pool": max(len(self.slots), self.opts.transactions),
+        }
+        slot = self._slot(0)
+        self._ready([0])
+        slot.write_marker(f"{self.key}/sink", value)
+        self.sink_marker = value
+
+    # -- staging ---------------------------------------------------------------------------
+    def spark_write_unsupported(self, schema: pa.Schema) -> str | None:
+        if self.opts.writer == "python":
+            return "the kafka sink's option writer='python'"
+        return None
+
+    def write_with_spark(
+        self, df: Any, epoch: int, attempt: str, setup: Any
+    ) -> list[dict[str, Any]]:
+        """Spark's Parquet writer stages the epoch's records (one file per partition)."""
+        stage = self.staging / str(epoch) / attempt
+        df.write.mode("errorifexists").option(
+            "mapreduce.fileoutputcommitter.marksuccessfuljobs", "false"
+        ).parquet(str(stage))
+        root = Path(self.opts.staging_path)
+        files: list[dict[str, Any]] = []
+        for p in sorted(stage.glob("part-*")):
+            if not p.is_file():
+                continue
+            rows, size = staged_file_info(p)
+            if rows == 0:
+                p.unlink()
+                continue
+            rel = p.relative_to(root).as_posix()
+            files.append({"staged": rel, "rows": rows, "bytes": p.stat().st_size, "raw": size})
+        if self.opts.fsync:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                list(pool.map(fsync_path, [root / str(f["staged"]) for f in files]))
+            fsync_path(stage)
+        return [{"files": files}]
+
+    # -- the protocol ----------------------------------------------------------------------
+    def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
+        root = Path(self.opts.staging_path)
+        files = sorted((f for r in results for f in r["files"]), key=lambda f: str(f["staged"]))
+        slots: dict[str, list[list[Any]]] = {}
+        rows = nbytes = 0
+        for i, f in enumerate(files):
+            raw = f.get("raw")
+            if raw is None:
+                _, raw = staged_file_info(root / f["staged"])
+            chunks = chunks_of(f["staged"], int(f["rows"]), int(raw), self.opts.chunk_bytes)
+            slots.setdefault(str(i % self.opts.transactions), []).extend(chunks)
+            rows += int(f["rows"])
+            nbytes += int(raw)
+        n_chunks = sum(len(c) for c in slots.values())
+        return Prepared({"slots": slots, "rows": rows}, files=n_chunks, bytes=nbytes)
+
+    def commit(self, epoch: int, committable: dict[str, Any]) -> None:
+        """Publish every chunk its slot's marker does not cover; idempotent by the markers."""
+        slots = {int(n): chunks for n, chunks in committable["slots"].items() if chunks}
+        if not slots:
+            shutil.rmtree(self.staging / str(epoch), ignore_errors=True)
+            return
+        self._ready(slots)
+        root = Path(self.opts.staging_path)
+
+        def publish(n: int) -> int:
+            slot = self._slot(n)
+            chunks = slots[n]
+            cache: dict[str, pa.Table] = {}
+            sent = 0
+            for index, chunk in enumerate(chunks):
+                from .transactions import covered
+
+                if covered(slot.marker, epoch, index):
+                    continue
+                records = read_chunk(root, chunk, self.opts.topic, cache)
+                sent += slot.publish(epoch, index, index == len(chunks) - 1, records)
+                if index == 0:
+                    fault_point("mid_commit")
+            return sent
+
+        errors: list[BaseException] = []
+        if len(slots) == 1:
+            publish(next(iter(slots)))
+        else:
+            with ThreadPoolExecutor(max_workers=len(slots)) as pool:
+                futures = [pool.submit(publish, n) for n in sorted(slots)]
+                for fut in futures:
+                    exc = fut.exception()
+                    if exc is not None:
+                        errors.append(exc)
+        if errors:
+            fenced = [e for e in errors if isinstance(e, FencedError)]
+            raise (fenced or errors)[0]
+        shutil.rmtree(self.staging / str(epoch), ignore_errors=True)
+
+    def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
+        """Delete the epoch's staged files (nothing of it was ever produced)."""
+        target = self.staging / str(epoch)
+        try:
+            victims = sorted(p for p in target.rglob("*") if p.is_file())
+            for i, p in enumerate(victims):
+                p.unlink(missing_ok=True)
+                if i == 0:
+                    fault_point("mid_abort")
+            shutil.rmtree(target, ignore_errors=True)
+        except Exception:
+            log.exception("kafka sink: abort of epoch %d could not delete its staged data", epoch)
+
+    def staged_epochs(self) -> Iterable[int]:
+        if not self.staging.is_dir():
+            return []
+        return [int(p.name) for p in self.staging.iterdir() if p.name.isdigit()]
+
+    def close(self) -> None:
+        for slot in self.slots.values():
+            slot.close()
+
+
+def make_coordinator(opts: KafkaSinkOptions, sink_id: str) -> KafkaCoordinator:
+    from .options import require_kafka
+
+    require_kafka()
+    return KafkaCoordinator(opts, sink_id)

@@ -1,0 +1,220 @@
+"""Options of the ``kafka`` sink, and the producer configuration built from them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = [
+    "COLUMNS",
+    "KafkaSinkOptions",
+    "check_columns",
+    "redact",
+    "sink_key",
+]
+
+COLUMNS = ("value", "key", "headers", "topic", "partition")
+"""The columns the sink writes, as Spark's own Kafka sink: ``value`` is required."""
+
+# librdkafka settings the sink owns: a user value would break exactly-once.
+_OWNED = {
+    "transactional.id": "the sink's pool of transactional ids is eosink-<sink key>-<slot>",
+    "enable.idempotence": "transactions need the idempotent producer",
+    "bootstrap.servers": "pass bootstrap_servers=",
+    "delivery.report.only.error": "the sink sets it",
+}
+_SECRET_KEYS = re.compile(r"password|secret|token|credential|(^|\.)key($|\.)|pem|jaas", re.I)
+
+# What the sink assumes a producer sends at the least: a chunk must fit in the transaction
+# timeout at this rate (checked when the options are read).
+MIN_RATE_BYTES_PER_S = 1024 * 1024
+
+
+def sink_key(sink_id: str) -> str:
+    """16 hex digits naming the sink in transactional ids, marker keys and staging paths."""
+    return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
+
+
+def _default_staging() -> str:
+    from eosink._metastore.store import eosink_home
+
+    return str(eosink_home() / "kafka-staging")
+
+
+class KafkaSinkOptions(BaseModel):
+    """Options of the ``kafka`` sink.
+
+    The DataFrame's columns are those of Spark's own Kafka sink: ``value`` (string or
+    binary, required; null writes a tombstone), ``key`` (string or binary), ``headers``
+    (``array<struct<key: string, value: binary>>``), ``topic`` (string) and ``partition``
+    (int). Any other column is refused (select what to write, e.g.
+    ``to_json(struct(*)) AS value``).
+
+    Attributes:
+        bootstrap_servers: the brokers, ``host:port[,host:port...]``. Spark's spelling
+            ``kafka.bootstrap.servers`` is accepted too.
+        topic: the topic every record goes to. Without it, each row's ``topic`` column
+            names it; with both, the option wins (as in Spark's Kafka sink).
+        producer_config: librdkafka settings of the producers (``{"compression.type":
+            "lz4", "sasl.password": ...}``); options ``kafka.<setting>`` (Spark's style,
+            e.g. ``.option("kafka.linger.ms", "10")``) are added to it. Values of
+            credential-like keys are never logged or stored. ``transactional.id``,
+            ``enable.idempotence`` and ``bootstrap.servers`` are the sink's.
+        control_topic: the compacted topic holding the sink's markers (which epoch and chunk
+            each transactional id committed last). Default ``eosink-control-<sink key>``;
+            created when missing (one partition, ``cleanup.policy=compact``).
+        transactions: the size of the sink's fixed pool of transactional ids
+            ``eosink-<sink key>-<slot>``: how many transactions publish an epoch in
+            parallel. Records of one Spark partition go through one of them, in order. A
+            later run with a smaller pool still fences and finishes the ids of a larger one.
+        chunk_bytes: the most bytes (uncompressed, as staged) one transaction publishes.
+            Transactions stay short: ``transaction.timeout.ms`` must leave room for a chunk
+            at 1 MiB/s.
+        staging_path: where the writers stage an epoch's records before the commit
+            publishes them (Parquet files; deleted once published or aborted). Default
+            ``$EOSINK_HOME/kafka-staging``. On a cluster it must be a directory every
+            executor and the driver see (a shared file system).
+        writer: ``auto`` (default): Spark writes the staged files (the native path) under
+            ``eosink.run``, Python writers in Spark tasks under ``format("eosink")``;
+            ``spark`` or ``python`` force one.
+        fsync: fsync staged files before the epoch is checkpointed.
+        timeout_seconds: how long one Kafka operation (init, commit, marker read) may take
+            before it counts as failed (and the commit is retried).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bootstrap_servers: str = Field(min_length=1)
+    topic: str | None = Field(default=None, min_length=1)
+    producer_config: dict[str, Any] = Field(default_factory=dict, repr=False)
+    control_topic: str | None = Field(default=None, min_length=1)
+    transactions: int = Field(default=4, ge=1, le=64)
+    chunk_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    staging_path: str = Field(default_factory=_default_staging, min_length=1)
+    writer: Literal["auto", "spark", "python"] = "auto"
+    fsync: bool = True
+    timeout_seconds: float = Field(default=60.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spark_style(cls, data: Any) -> Any:
+        """``kafka.bootstrap.servers`` and ``kafka.<setting>`` options, as in Spark's sink."""
+        if not isinstance(data, dict):
+            return data
+        out = {k: v for k, v in data.items() if not str(k).startswith("kafka.")}
+        extra = {str(k)[6:]: v for k, v in data.items() if str(k).startswith("kafka.")}
+        if "bootstrap.servers" in extra:
+            out.setdefault("bootstrap_servers", extra.pop("bootstrap.servers"))
+        if extra:
+            given = out.get("producer_config") or {}
+            if isinstance(given, str):
+                given = _json_dict(given)
+            out["producer_config"] = {**extra, **dict(given)}
+        return out
+
+    @field_validator("producer_config", mode="before")
+    @classmethod
+    def _config(cls, v: Any) -> Any:
+        if isinstance(v, str):  # .option("producer_config", '{"linger.ms": 10}')
+            v = _json_dict(v)
+        if isinstance(v, dict):
+            for k in v:
+                if k in _OWNED:
+                    raise ValueError(f"{k!r} cannot be set: {_OWNED[k]}")
+        return v
+
+    @field_validator("staging_path")
+    @classmethod
+    def _staging(cls, v: str) -> str:
+        if "://" in v and not v.startswith("file://"):
+            raise ValueError(
+                "staging_path is a local (or shared, mounted) directory; got "
+                f"{v.split('://')[0]}://"
+            )
+        return str(Path(v.removeprefix("file://")).expanduser().resolve())
+
+    @model_validator(mode="after")
+    def _timeout(self) -> KafkaSinkOptions:
+        timeout_ms = int(self.producer_config.get("transaction.timeout.ms", 60000))
+        needed_ms = self.chunk_bytes * 1000 // MIN_RATE_BYTES_PER_S
+        if needed_ms > timeout_ms:
+            raise ValueError(
+                f"chunk_bytes={self.chunk_bytes} may take {needed_ms / 1000:.0f} s to produce "
+                f"(at 1 MiB/s), longer than the producers' transaction.timeout.ms={timeout_ms}: "
+                "the broker would abort such transactions. Lower chunk_bytes or raise "
+                "producer_config['transaction.timeout.ms'] (the broker caps it at its "
+                "transaction.max.timeout.ms, 15 min by default)"
+            )
+        return self
+
+    def control(self, sink_id: str) -> str:
+        """The control topic of ``sink_id``."""
+        return self.control_topic or f"eosink-control-{sink_key(sink_id)}"
+
+    def producer_settings(self, transactional_id: str) -> dict[str, Any]:
+        """librdkafka settings of the producer of one transactional id."""
+        conf: dict[str, Any] = {
+            "linger.ms": 5,
+            "socket.timeout.ms": int(self.timeout_seconds * 1000),
+            **self.producer_config,
+            "bootstrap.servers": self.bootstrap_servers,
+            "transactional.id": transactional_id,
+            "enable.idempotence": True,
+            "delivery.report.only.error": True,
+        }
+        return conf
+
+    def client_settings(self) -> dict[str, Any]:
+        """Settings for the admin client and the marker consumer: connection and security
+        settings of ``producer_config`` (``security.protocol``, ``sasl.*``, ``ssl.*``...)."""
+        keep = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.", "api.")
+        conf = {k: v for k, v in self.producer_config.items() if k.startswith(keep)}
+        conf["bootstrap.servers"] = self.bootstrap_servers
+        return conf
+
+
+def _json_dict(v: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(v)
+    except ValueError:
+        raise ValueError("producer_config given as a string must be a JSON object") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("producer_config given as a string must be a JSON object")
+    return parsed
+
+
+def redact(text: str, opts: KafkaSinkOptions) -> str:
+    """``text`` without the values of credential-like producer settings."""
+    for k, v in opts.producer_config.items():
+        if _SECRET_KEYS.search(k) and isinstance(v, str) and len(v) >= 4:
+            text = text.replace(v, "***")
+    return text
+
+
+def check_columns(names: list[str]) -> None:
+    """Raise unless ``names`` are columns the sink writes, ``value`` among them."""
+    unknown = [n for n in names if n not in COLUMNS]
+    if unknown or "value" not in names:
+        from eosink import SchemaMismatchError
+
+        what = f"also has {', '.join(map(repr, unknown))}" if unknown else "has no 'value' column"
+        raise SchemaMismatchError(
+            "the kafka sink writes the columns value (required), key, headers, topic and "
+            f"partition, as Spark's Kafka sink; this DataFrame {what}. Select what to write, "
+            "e.g. df.selectExpr('CAST(id AS STRING) AS key', 'to_json(struct(*)) AS value')"
+        )
+
+
+def require_kafka() -> None:
+    """Raise :class:`~eosink.MissingExtraError` naming the extra unless confluent-kafka imports."""
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+        from eosink import MissingExtraError
+
+        raise MissingExtraError("confluent_kafka", "kafka", "the kafka sink") from exc

@@ -1,0 +1,54 @@
+"""The ``kafka`` sink's entry point: :data:`SINK` and the ``eosink_sinks`` hook.
+
+The sink is a package:
+
+* ``options.py``: the options model, the producers' settings, secrets kept out of messages;
+* ``staging.py``: the Python writer, staged Parquet files, chunks and their records;
+* ``transactions.py``: the pool of transactional producers and the control topic's markers;
+* ``coordinator.py``: staging on the native path, chunk planning, commit, abort, recovery.
+
+Nothing here imports confluent-kafka: without it the sink is still listed (``eosink plugins``),
+and executors never need it (they only stage).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import eosink
+from eosink import JsonCodec, SinkPlugin, WriterContext
+
+from .coordinator import make_coordinator, validate_schema
+from .options import KafkaSinkOptions
+from .staging import KafkaWriter
+
+__all__ = ["SINK", "eosink_sinks"]
+
+
+def make_writer(opts: KafkaSinkOptions, ctx: WriterContext) -> KafkaWriter:
+    return KafkaWriter(opts, ctx)
+
+
+def _default_sink_id(o: KafkaSinkOptions) -> str:
+    return f"kafka:{o.bootstrap_servers}/{o.topic if o.topic is not None else '*'}"
+
+
+SINK: SinkPlugin[KafkaSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
+    name="kafka",
+    options_model=KafkaSinkOptions,
+    writer_factory=make_writer,
+    coordinator_factory=make_coordinator,
+    write_result_codec=JsonCodec[dict[str, Any]](version=1),
+    committable_codec=JsonCodec[dict[str, Any]](version=1),
+    default_sink_id=_default_sink_id,
+    validate_schema=validate_schema,
+    description="Apache Kafka topics, exactly once through transactions (confluent-kafka)",
+    # confluent-kafka is imported by the coordinator (the driver) only.
+    requires={"confluent_kafka": "eosink[kafka]"},
+)
+
+
+@eosink.hookimpl
+def eosink_sinks() -> list[SinkPlugin[Any, Any, Any]]:
+    """The kafka sink."""
+    return [SINK]

@@ -1,0 +1,338 @@
+"""The fixed pool of transactional producers and the markers in the control topic.
+
+Every transactional id ``eosink-<sink key>-<slot>`` of the pool has a marker in the compacted
+control topic, key ``<sink key>/<slot>``: the epoch and chunk its last transaction published,
+written *in the same transaction* as the chunk's records. So a chunk's records are visible
+(to ``read_committed`` consumers) if and only if the marker says so, and a commit that is
+replayed after a crash skips what the marker covers. ``init_transactions`` comes first: it
+fences any other producer of the id (a zombie driver) and aborts its open transaction, so
+the marker read after it is final.
+
+This module imports confluent-kafka; nothing on the executors imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+)
+
+from eosink import (
+    CommitStateUnknownError,
+    ConfigError,
+    FencedError,
+    SinkError,
+    fault_point,
+)
+
+from .options import KafkaSinkOptions, redact
+
+__all__ = ["Admin", "Slot", "covered", "read_markers"]
+
+log = logging.getLogger("eosink.kafka")
+rdlog = logging.getLogger("eosink.kafka.librdkafka")
+"""librdkafka's own log lines (otherwise printed on stderr)."""
+
+RECENT = 64
+"""How many fully published epochs a slot's marker remembers (replays of older ones)."""
+
+_FENCED = {
+    KafkaError._FENCED,
+    KafkaError.PRODUCER_FENCED,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+}
+
+
+def covered(marker: dict[str, Any] | None, epoch: int, chunk: int) -> bool:
+    """Whether a slot's marker says chunk ``chunk`` of ``epoch`` is published."""
+    if not marker:
+        return False
+    if epoch in marker.get("recent", ()):
+        return True
+    return int(marker.get("epoch", -1)) == epoch and int(marker.get("chunk", -1)) >= chunk
+
+
+def _err(exc: BaseException) -> KafkaError | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+class Admin:
+    """Topic checks and the control topic (created when missing, compacted)."""
+
+    def __init__(self, opts: KafkaSinkOptions) -> None:
+        self.opts = opts
+        self.client = AdminClient(opts.client_settings(), logger=rdlog)
+
+    def cluster_id(self) -> str:
+        try:
+            md = self.client.list_topics(timeout=self.opts.timeout_seconds)
+        except KafkaException as exc:
+            raise SinkError(
+                redact(
+                    f"cannot reach Kafka at {self.opts.bootstrap_servers}: {exc}; is the broker "
+                    "running and bootstrap_servers right?",
+                    self.opts,
+                )
+            ) from None
+        return str(md.cluster_id)
+
+    def topics(self) -> dict[str, int]:
+        md = self.client.list_topics(timeout=self.opts.timeout_seconds)
+        return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
+
+    def check_topic(self, topic: str) -> None:
+        if topic not in self.topics():
+            raise ConfigError(
+                f"topic {topic!r} does not exist on {self.opts.bootstrap_servers}; create it "
+                "first (kafka-topics.sh --create --topic ... with the partitions and "
+                "replication you want): the kafka sink never creates data topics"
+            )
+
+    def ensure_control_topic(self, name: str) -> None:
+        """Create the compacted control topic if it is missing; warn if it is not compacted."""
+        if name not in self.topics():
+            config = {
+                "cleanup.policy": "compact",
+                "min.compaction.lag.ms": "0",
+                "segment.ms": "600000",
+            }
+            fut = self.client.create_topics(
+                [NewTopic(name, num_partitions=1, replication_factor=-1, config=config)]
+            )[name]
+            try:
+                fut.result(timeout=self.opts.timeout_seconds)
+                log.info("kafka sink: created control topic %s (compacted)", name)
+            except KafkaException as exc:
+                err = _err(exc)
+                if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise SinkError(
+                        redact(f"cannot create the control topic {name!r}: {exc}", self.opts)
+                    ) from None
+            return
+        res = ConfigResource(ConfigResource.Type.TOPIC, name)
+        try:
+            conf = self.client.describe_configs([res])[res].result(
+                timeout=self.opts.timeout_seconds
+            )
+            policy = conf["cleanup.policy"].value
+        except Exception:  # describing needs DescribeConfigs rights: not essential
+            return
+        if "compact" not in str(policy):
+            log.warning(
+                "kafka sink: control topic %s has cleanup.policy=%s; with 'delete' the markers "
+                "expire with the topic's retention and a replay after that could publish twice. "
+                "Set cleanup.policy=compact",
+                name,
+                policy,
+            )
+
+
+def read_markers(opts: KafkaSinkOptions, topic: str, prefix: str) -> dict[str, dict[str, Any]]:
+    """Every committed marker of the control topic whose key starts with ``prefix``.
+
+    Read with ``isolation.level=read_committed`` from the beginning to the end of every
+    partition (the last value of each key wins, as after compaction).
+    """
+    conf = {
+        **opts.client_settings(),
+        "group.id": f"eosink-marker-{uuid.uuid4().hex[:8]}",
+        "isolation.level": "read_committed",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+    }
+    consumer = Consumer(conf, logger=rdlog)
+    try:
+        md = consumer.list_topics(topic, timeout=opts.timeout_seconds)
+        parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
+        if not parts:
+            raise SinkError(f"control topic {topic!r} has no partitions")
+        consumer.assign([TopicPartition(topic, p, -2) for p in parts])  # OFFSET_BEGINNING
+        out: dict[str, dict[str, Any]] = {}
+        done: set[int] = set()
+        deadline = time.monotonic() + opts.timeout_seconds
+        while len(done) < len(parts):
+            if time.monotonic() > deadline:
+                raise CommitStateUnknownError(
+                    f"reading the markers of control topic {topic!r} took more than "
+                    f"{opts.timeout_seconds:.0f} s"
+                )
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    done.add(int(msg.partition() or 0))
+                    continue
+                raise CommitStateUnknownError(f"reading control topic {topic!r}: {error}")
+            done.discard(int(msg.partition() or 0))
+            raw_key = msg.key()
+            key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key or "")
+            if not key.startswith(prefix):
+                continue
+            value = msg.value()
+            if value is None:
+                out.pop(key, None)
+            else:
+                out[key] = json.loads(value)
+        return out
+    finally:
+        consumer.close()
+
+
+@dataclass
+class Slot:
+    """One transactional id of the pool: its producer and its marker."""
+
+    opts: KafkaSinkOptions
+    transactional_id: str
+    control_topic: str
+    marker_key: str
+    producer: Any = None
+    marker: dict[str, Any] | None = None
+    ready: bool = False
+    errors: list[KafkaError] = field(default_factory=list)
+
+    def init(self) -> None:
+        """Create the producer and ``init_transactions`` (fences zombies, aborts theirs)."""
+        self.close()
+        self.errors = []
+        conf = self.opts.producer_settings(self.transactional_id)
+        conf["on_delivery"] = self._delivered
+        self.producer = Producer(conf, logger=rdlog)
+        try:
+            self.producer.init_transactions(self.opts.timeout_seconds)
+        except KafkaException as exc:
+            err = _err(exc)
+            self.close()
+            if err is not None and err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+                raise ConfigError(
+                    f"the broker refuses transaction.timeout.ms of the producers ({exc}): it "
+                    "must not exceed the broker's transaction.max.timeout.ms"
+                ) from None
+            raise CommitStateUnknownError(
+                redact(f"init_transactions of {self.transactional_id}: {exc}", self.opts)
+            ) from None
+        fault_point("kafka_after_init")
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(err)
+
+    def close(self) -> None:
+        if self.producer is not None:
+            try:
+                self.producer.flush(0)
+            except Exception:
+                pass
+            self.producer = None
+        self.ready = False
+
+    def publish(self, epoch: int, index: int, last: bool, records: Any) -> int:
+        """One transaction: ``records`` and the new marker of this slot. Returns bytes sent.
+
+        Raises:
+            FencedError: another driver initialised this transactional id.
+            CommitStateUnknownError: a transient failure (broker down, timeout): the slot
+                must be initialised again and its marker re-read before going on.
+            SinkError: a record the broker cannot take (unknown topic, too large...).
+        """
+        p = self.producer
+        assert p is not None and self.ready
+        recent = list((self.marker or {}).get("recent", ()))
+        if last:
+            recent = [*recent[-(RECENT - 1) :], epoch]
+        marker = {"epoch": epoch, "chunk": index, "last": last, "recent": recent}
+        sent = 0
+        try:
+            p.begin_transaction()
+            produce = p.produce
+            n = 0
+            for topic, value, key, headers, partition in records:
+                while True:
+                    try:
+                        produce(topic, value, key, partition, headers=headers)
+                        break
+                    except BufferError:
+                        p.poll(0.05)
+                n += 1
+                if value is not None:
+                    sent += len(value)
+                if n % 10000 == 0:
+                    p.poll(0)
+                    if n == 10000:
+                        fault_point("kafka_mid_produce")
+            if n < 10000:
+                fault_point("kafka_mid_produce")
+            produce(self.control_topic, json.dumps(marker).encode(), self.marker_key.encode())
+            p.flush(self.opts.timeout_seconds)
+            if self.errors:
+                raise KafkaException(self.errors[0])
+            fault_point("kafka_before_commit")
+            p.commit_transaction(self.opts.timeout_seconds)
+        except KafkaException as exc:
+            self._failed(exc, epoch, index)
+        self.marker = marker
+        return sent
+
+    def write_marker(self, key: str, value: dict[str, Any]) -> None:
+        """A transaction with one record of the control topic (the sink's own marker)."""
+        p = self.producer
+        assert p is not None
+        try:
+            p.begin_transaction()
+            p.produce(self.control_topic, json.dumps(value).encode(), key.encode())
+            p.commit_transaction(self.opts.timeout_seconds)
+        except KafkaException as exc:
+            self._failed(exc, -1, -1)
+
+    def _failed(self, exc: KafkaException, epoch: int, index: int) -> None:
+        err = _err(exc) or (self.errors[0] if self.errors else None)
+        self.errors = []
+        where = f"{self.transactional_id} epoch {epoch} chunk {index}"
+        code = err.code() if err is not None else None
+        if code in _FENCED:
+            self.producer = None  # fenced: never used again, nothing to flush
+            self.ready = False
+            raise FencedError(
+                f"{where}: Kafka fenced this producer ({err}): another driver runs this sink "
+                "and took over its transactional ids; this one stops without publishing"
+            ) from None
+        try:
+            if self.producer is not None and err is not None and not err.fatal():
+                self.producer.abort_transaction(self.opts.timeout_seconds)
+        except Exception:
+            pass
+        self.close()  # re-initialised (and the marker re-read) before the next try
+        permanent = {
+            KafkaError.UNKNOWN_TOPIC_OR_PART,
+            KafkaError._UNKNOWN_TOPIC,
+            KafkaError._UNKNOWN_PARTITION,
+            KafkaError.MSG_SIZE_TOO_LARGE,
+            KafkaError.TOPIC_AUTHORIZATION_FAILED,
+            KafkaError.RECORD_LIST_TOO_LARGE,
+            KafkaError.INVALID_RECORD,
+        }
+        if code in permanent:
+            raise SinkError(
+                redact(
+                    f"{where}: Kafka refused a record ({err}); nothing of this chunk is "
+                    "visible. Fix the topic or the record and run again",
+                    self.opts,
+                )
+            ) from None
+        raise CommitStateUnknownError(redact(f"{where}: {exc}", self.opts)) from None
