@@ -39,7 +39,7 @@ def run(
     sink_id: str | None = None,
     metastore_url: str | None = None,
     checkpoint_location: str | None = None,
-    trigger: dict[str, Any] | None = None,
+    trigger: dict[str, Any] | str | None = None,
     epoch: int | None = None,
     commit_mode: CommitMode = "after_checkpoint",
     new_checkpoint: Literal["refuse", "continue"] = "refuse",
@@ -59,7 +59,8 @@ def run(
             streaming runs of a sink. An in-memory SQLite URL is refused.
         checkpoint_location: streaming only, required: Spark's checkpoint directory.
         trigger: streaming only: ``{"processingTime": "5 seconds"}``, ``{"availableNow": True}``,
-            ``{"once": True}``. Default: as fast as possible.
+            ``{"once": True}``, or the same as a string: ``"5 seconds"``, ``"availableNow"``,
+            ``"once"``. Default: as fast as possible.
         epoch: batch only: the epoch to write. A re-run of an epoch that a batch run
             committed is a no-op (idempotent batch jobs); an epoch never written is written,
             also below the newest one (a backfill). An epoch that a streaming query of the
@@ -113,6 +114,7 @@ def run(
                 "checkpoint_location is required for a streaming DataFrame: it is how Spark "
                 "and eosink resume after a crash"
             )
+        trigger = _trigger(trigger)
     else:
         if trigger is not None or checkpoint_location is not None:
             raise ConfigError("trigger and checkpoint_location are for streaming DataFrames")
@@ -194,7 +196,7 @@ def _start_stream(
     runtime: SinkRuntime,
     schema: pa.Schema,
     checkpoint_location: str,
-    trigger: dict[str, Any] | None,
+    trigger: dict[str, Any] | str | None,
     commit_mode: str,
     new_checkpoint: str,
     query_name: str | None,
@@ -246,7 +248,7 @@ def _start_stream(
     writer = df.writeStream.foreachBatch(process_batch).option(
         "checkpointLocation", checkpoint_location
     )
-    if trigger:
+    if isinstance(trigger, dict) and trigger:
         writer = writer.trigger(**trigger)
     if query_name:
         writer = writer.queryName(query_name)
@@ -266,3 +268,26 @@ def _start_stream(
         commit_mode,
     )
     return handle
+
+
+_TRIGGERS = ("processingTime", "availableNow", "once", "continuous")
+
+
+def _trigger(trigger: dict[str, Any] | str | None) -> dict[str, Any] | None:
+    """``trigger=`` as the keyword arguments of Spark's ``DataStreamWriter.trigger``."""
+    if trigger is None:
+        return None
+    if isinstance(trigger, str):
+        word = trigger.strip()
+        if word.lower() in ("availablenow", "available_now"):
+            return {"availableNow": True}
+        if word.lower() == "once":
+            return {"once": True}
+        if word and word[0].isdigit():
+            return {"processingTime": word}
+    elif isinstance(trigger, dict) and len(trigger) == 1 and next(iter(trigger)) in _TRIGGERS:
+        return trigger
+    raise ConfigError(
+        f"trigger={trigger!r} is not a trigger; use {{'processingTime': '5 seconds'}} (or "
+        "'5 seconds'), {'availableNow': True} (or 'availableNow'), {'once': True} (or 'once')"
+    )

@@ -76,21 +76,25 @@ class Admin:
         self.opts = opts
         self.client = AdminClient(opts.client_settings(), logger=rdlog)
 
-    def cluster_id(self) -> str:
+    def _metadata(self) -> Any:
         try:
-            md = self.client.list_topics(timeout=self.opts.timeout_seconds)
+            return self.client.list_topics(timeout=self.opts.timeout_seconds)
         except KafkaException as exc:
+            err = _err(exc)
             raise SinkError(
                 redact(
-                    f"cannot reach Kafka at {self.opts.bootstrap_servers}: {exc}; is the broker "
-                    "running and bootstrap_servers right?",
+                    f"cannot reach Kafka at {self.opts.bootstrap_servers} "
+                    f"({err.str() if err is not None else exc}); is the broker running and "
+                    "bootstrap_servers right?",
                     self.opts,
                 )
             ) from None
-        return str(md.cluster_id)
+
+    def cluster_id(self) -> str:
+        return str(self._metadata().cluster_id)
 
     def topics(self) -> dict[str, int]:
-        md = self.client.list_topics(timeout=self.opts.timeout_seconds)
+        md = self._metadata()
         return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
 
     def check_topic(self, topic: str) -> None:

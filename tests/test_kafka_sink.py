@@ -1,0 +1,274 @@
+"""The kafka sink on a real Apache Kafka broker (KRaft), in process.
+
+Independent readers are plain confluent-kafka consumers (``read_committed`` and
+``read_uncommitted``) reading every partition to its end. The crash matrix with real SIGKILLs
+is tests/test_kafka_crash.py; Kafka as the source, tests/test_kafka_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eosink
+from eosink.faults import SimulatedCrash, simulate
+
+
+def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
+    """Every record of ``topic`` visible at ``isolation``, read to the end of every partition.
+
+    Returns ``(partition, key, value, headers)`` tuples in offset order per partition.
+    """
+    from confluent_kafka import Consumer, KafkaError
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    parts = len(c.list_topics(topic, timeout=30).topics[topic].partitions)
+    c.subscribe([topic])
+    out: list[Any] = []
+    eof: set[int] = set()
+    try:
+        while len(eof) < parts:
+            m = c.poll(30)
+            assert m is not None, f"{topic}: nothing and no end of partition in 30 s"
+            if m.error():
+                assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                eof.add(m.partition())
+                continue
+            eof.discard(m.partition())
+            out.append((m.partition(), m.key(), m.value(), m.headers()))
+    finally:
+        c.close()
+    return out
+
+
+def _ids(records: list[Any]) -> list[int]:
+    return [json.loads(v)["id"] for _, _, v, _ in records]
+
+
+@pytest.fixture
+def topic(kafka: Any) -> str:
+    name = f"out-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(name, partitions=3)
+    return name
+
+
+def _opts(kafka: Any, topic: str | None, tmp_path: Path, **more: Any) -> dict[str, Any]:
+    return {
+        "bootstrap_servers": kafka.bootstrap,
+        "topic": topic,
+        "staging_path": str(tmp_path / "staging"),
+        "metastore_url": f"sqlite:///{tmp_path / 'm.db'}",
+        **more,
+    }
+
+
+def _events(spark: Any, n: int, parts: int = 4, keys: int = 10) -> Any:
+    return (
+        spark.range(0, n, numPartitions=parts)
+        .selectExpr(
+            f"cast(id % {keys} as string) as key",
+            "to_json(named_struct('id', id, 'pad', repeat('x', 40))) as value",
+            "array(named_struct('key', 'id', 'value', cast(cast(id as string) as binary))) "
+            "as headers",
+            "id",
+        )
+        .repartition(parts, "key")
+        .sortWithinPartitions("id")
+        .drop("id")
+    )
+
+
+def test_batch_every_record_once_in_order_with_headers(
+    spark: Any, kafka: Any, topic: str, tmp_path: Path
+) -> None:
+    n = 3000
+    # Small chunks: many transactions per slot, chunks of one Spark partition in order.
+    opts = _opts(kafka, topic, tmp_path, chunk_bytes=16 * 1024, transactions=3)
+    r = eosink.run(_events(spark, n), sink="kafka", epoch=7, **opts)
+    assert r.committed and r.rows == n and r.files > 3  # files = chunks (transactions)
+    got = read_topic(kafka.bootstrap, topic)
+    ids = _ids(got)
+    assert sorted(ids) == list(range(n))
+    for _, key, value, headers in got:
+        i = json.loads(value)["id"]
+        assert key == str(i % 10).encode()
+        assert headers == [("id", str(i).encode())]
+    # Per key, the order of the DataFrame's partition (ascending ids) is kept.
+    by_key: dict[bytes, list[int]] = {}
+    for _, key, value, _ in got:
+        by_key.setdefault(key, []).append(json.loads(value)["id"])
+    assert all(v == sorted(v) for v in by_key.values())
+    # The same epoch again is skipped: nothing is produced twice.
+    again = eosink.run(_events(spark, n), sink="kafka", epoch=7, **opts)
+    assert again.skipped and again.rows == 0
+    assert len(read_topic(kafka.bootstrap, topic)) == n
+    # The epoch's staged files are gone.
+    assert not any(p.is_file() for p in (tmp_path / "staging").rglob("*"))
+
+
+def test_topic_and_partition_columns_python_writers(spark: Any, kafka: Any, tmp_path: Path) -> None:
+    a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    kafka.create_topic(a, partitions=2)
+    kafka.create_topic(b, partitions=2)
+    df = spark.range(0, 200, numPartitions=2).selectExpr(
+        f"if(id % 2 = 0, '{a}', '{b}') as topic",
+        "cast(id % 2 as int) as partition",
+        "cast(to_json(named_struct('id', id)) as binary) as value",
+    )
+    r = eosink.run(df, sink="kafka", writer="python", **_opts(kafka, None, tmp_path))
+    assert r.figures is not None and r.figures.writer == "python"
+    got_a = read_topic(kafka.bootstrap, a)
+    got_b = read_topic(kafka.bootstrap, b)
+    assert sorted(_ids(got_a)) == list(range(0, 200, 2))
+    assert sorted(_ids(got_b)) == list(range(1, 200, 2))
+    assert {p for p, *_ in got_a} == {0} and {p for p, *_ in got_b} == {1}
+
+
+def test_stream_restarts_and_format_eosink(
+    spark: Any, kafka: Any, topic: str, tmp_path: Path
+) -> None:
+    from harness import make_input
+
+    ids = make_input(tmp_path / "in", files=3, rows=100)
+    schema = "id long, grp string, payload string"
+    sdf = (
+        spark.readStream.schema(schema)
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(tmp_path / "in"))
+        .selectExpr("grp as key", "to_json(struct(*)) as value")
+    )
+    opts = _opts(kafka, topic, tmp_path)
+    h = eosink.run(
+        sdf, sink="kafka", checkpoint_location=str(tmp_path / "chk"), trigger="availableNow", **opts
+    )
+    h.await_termination()
+    assert len(h.figures) == 3
+    assert sorted(_ids(read_topic(kafka.bootstrap, topic))) == sorted(ids)
+    # Restarted on the same checkpoint with one more file: only the new rows.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    extra = list(range(10_000, 10_050))
+    pq.write_table(
+        pa.table({"id": extra, "grp": ["g"] * 50, "payload": ["p"] * 50}),
+        tmp_path / "in" / "in-999.parquet",
+    )
+    h = eosink.run(
+        sdf, sink="kafka", checkpoint_location=str(tmp_path / "chk"), trigger="availableNow", **opts
+    )
+    h.await_termination()
+    assert len(h.figures) == 1
+    assert sorted(_ids(read_topic(kafka.bootstrap, topic))) == sorted(ids + extra)
+    # Spark's idiom: writeStream.format("eosink") with Spark-style kafka.* options.
+    other = f"fmt-{uuid.uuid4().hex[:6]}"
+    kafka.create_topic(other)
+    q = (
+        sdf.writeStream.format("eosink")
+        .option("sink", "kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap)
+        .option("kafka.linger.ms", "1")
+        .option("topic", other)
+        .option("staging_path", str(tmp_path / "staging"))
+        .option("metastore_url", f"sqlite:///{tmp_path / 'm2.db'}")
+        .option("checkpointLocation", str(tmp_path / "chk2"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    assert sorted(_ids(read_topic(kafka.bootstrap, other))) == sorted(ids + extra)
+
+
+@pytest.mark.parametrize("point", ["kafka_before_commit", "mid_commit", "kafka_mid_produce"])
+def test_replayed_commit_publishes_nothing_twice(
+    spark: Any, kafka: Any, topic: str, tmp_path: Path, point: str
+) -> None:
+    """The run dies inside the commit (in process); the next run's recovery finishes it.
+
+    A ``read_uncommitted`` reader sees the records of the transaction that was open at the
+    crash (aborted by the next run's ``init_transactions``) besides the committed ones, but no
+    record is committed twice.
+    """
+    n = 2000
+    opts = _opts(kafka, topic, tmp_path, chunk_bytes=8 * 1024, transactions=2)
+    with simulate(point, 2), pytest.raises(SimulatedCrash):
+        eosink.run(_events(spark, n), sink="kafka", epoch=3, **opts)
+    r = eosink.run(_events(spark, n), sink="kafka", epoch=3, **opts)
+    assert r.committed and r.recovered  # the PENDING epoch was committed by recovery
+    committed = _ids(read_topic(kafka.bootstrap, topic))
+    assert sorted(committed) == list(range(n))
+    everything = _ids(read_topic(kafka.bootstrap, topic, "read_uncommitted"))
+    assert set(everything) == set(range(n))
+    if point == "mid_commit":  # died between transactions: nothing was aborted
+        assert len(everything) == n
+    else:
+        assert len(everything) > n  # the open transaction's records, aborted
+
+
+def test_empty_epoch_and_reruns(spark: Any, kafka: Any, topic: str, tmp_path: Path) -> None:
+    df = _events(spark, 0)
+    r = eosink.run(df, sink="kafka", **_opts(kafka, topic, tmp_path))
+    assert r.committed and r.rows == 0
+    assert read_topic(kafka.bootstrap, topic) == []
+
+
+def test_options_and_schema_refused_with_reasons(
+    spark: Any, kafka: Any, topic: str, tmp_path: Path
+) -> None:
+    from eosink import ConfigError, SchemaMismatchError, SinkError
+
+    base = _opts(kafka, topic, tmp_path)
+    df = spark.range(3).selectExpr("cast(id as string) as value", "id")
+    with pytest.raises(SchemaMismatchError, match=r"also has 'id'.*Select what to write"):
+        eosink.run(df, sink="kafka", **base)
+    with pytest.raises(SchemaMismatchError, match="no 'value' column"):
+        eosink.run(spark.range(3).selectExpr("cast(id as string) as key"), sink="kafka", **base)
+    with pytest.raises(SchemaMismatchError, match=r"no topic: give the option topic="):
+        eosink.run(df.select("value"), sink="kafka", **{**base, "topic": None})
+    with pytest.raises(SchemaMismatchError, match="column 'value' is int64"):
+        eosink.run(spark.range(3).selectExpr("id as value"), sink="kafka", **base)
+    with pytest.raises(ConfigError, match=r"topic 'nope-[\w-]+' does not exist.*never creates"):
+        eosink.run(df.select("value"), sink="kafka", **{**base, "topic": f"nope-{topic}"})
+    with pytest.raises(ConfigError, match=r"transaction.timeout.ms=5000.*Lower chunk_bytes"):
+        eosink.run(
+            df.select("value"),
+            sink="kafka",
+            **{**base, "producer_config": {"transaction.timeout.ms": 5000}},
+        )
+    with pytest.raises(ConfigError, match=r"'transactional.id' cannot be set"):
+        eosink.run(
+            df.select("value"),
+            sink="kafka",
+            **{**base, "producer_config": {"transactional.id": "x"}},
+        )
+    secret = "hunter2-very-secret"
+    with pytest.raises(ConfigError) as err:
+        eosink.run(
+            df.select("value"),
+            sink="kafka",
+            **{**base, "producer_config": {"sasl.password": secret}, "transactions": 0},
+        )
+    assert secret not in str(err.value) and "transactions" in str(err.value)
+    opts = eosink.get_sink("kafka").parse_options(
+        {"bootstrap_servers": "x:1", "topic": "t", "producer_config": {"sasl.password": secret}}
+    )
+    assert secret not in repr(opts)
+    # Nothing reachable: a clear error, quickly.
+    with pytest.raises(SinkError, match=r"cannot reach Kafka at 127.0.0.1:9 \(.*broker running"):
+        eosink.run(
+            df.select("value"),
+            sink="kafka",
+            **{**base, "bootstrap_servers": "127.0.0.1:9", "timeout_seconds": 3},
+        )
