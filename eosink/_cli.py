@@ -299,7 +299,13 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from ._demo import demo
 
-    return demo(args.sink, args.dir, rows=args.rows, batches=args.batches)
+    return demo(
+        args.sink,
+        args.dir,
+        rows=args.rows,
+        batches=args.batches,
+        bootstrap_servers=args.bootstrap_servers,
+    )
 
 
 def cmd_new_sink(args: argparse.Namespace) -> int:
@@ -331,8 +337,12 @@ def main(argv: list[str] | None = None) -> int:
     sp.set_defaults(fn=cmd_db)
 
     sp = sub.add_parser("demo", help="write, crash-free re-run and verify, on embedded defaults")
-    sp.add_argument("--sink", default="file", choices=["file", "iceberg"])
+    sp.add_argument("--sink", default="file", choices=["file", "iceberg", "kafka"])
     sp.add_argument("--dir", help="working directory (default: a new temporary one)")
+    sp.add_argument(
+        "--bootstrap-servers",
+        help="--sink kafka: the Kafka broker(s) to write to, host:port (the demo starts none)",
+    )
     sp.add_argument("--rows", type=int, default=30000)
     sp.add_argument("--batches", type=int, default=3)
     sp.set_defaults(fn=cmd_demo)

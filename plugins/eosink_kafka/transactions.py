@@ -43,6 +43,17 @@ log = logging.getLogger("eosink.kafka")
 rdlog = logging.getLogger("eosink.kafka.librdkafka")
 """librdkafka's own log lines (otherwise printed on stderr)."""
 
+
+class _Retries(logging.Filter):
+    """librdkafka's "...: retrying" warnings (a coordinator still loading, a concurrent
+    transaction being aborted) are routine: shown at DEBUG only."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return rdlog.isEnabledFor(logging.DEBUG) or "retrying" not in record.getMessage()
+
+
+rdlog.addFilter(_Retries())
+
 RECENT = 64
 """How many fully published epochs a slot's marker remembers (replays of older ones)."""
 
