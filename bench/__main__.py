@@ -23,6 +23,11 @@ Section "Rolling files and S3" (``--only rolling,s3 --splice`` rewrites just tha
   throughput eosink rolling / Spark (>= 0.9)
 * s3: eosink's file sink to ``s3://`` on moto's server / boto3 ``upload_file`` of the same
   bytes (>= 0.8); a rolling JSON stream to S3 (information)
+
+Section "Kafka" (``--only kafka --splice`` rewrites just that section; ``bench/_kafka.py``):
+Kafka -> Spark -> Kafka at a 1 s trigger on a real broker, eosink's kafka sink / the faster of
+Spark's ``writeStream.format("kafka")`` and a naive ``foreachBatch`` with a confluent-kafka
+producer (>= 0.7); end-to-end latency p50/p99 of each (information).
 """
 
 from __future__ import annotations
@@ -53,7 +58,18 @@ from ._common import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("protocol", "batch", "stream", "iceberg", "runtime", "python", "lag", "rolling", "s3")
+PARTS = (
+    "protocol",
+    "batch",
+    "stream",
+    "iceberg",
+    "runtime",
+    "python",
+    "lag",
+    "rolling",
+    "s3",
+    "kafka",
+)
 SECTION = "## Rolling files and S3"  # the section the rolling and s3 parts report in
 # The order of the report's ratio rows (the issue's), by the start of their measure.
 ORDER = (
@@ -229,6 +245,25 @@ def rolling_and_s3(
     return rows
 
 
+def kafka_part(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, Any]]:
+    """The Kafka section's rows, its table and the raw result (a failed row when the
+    broker or the driver could not run at all)."""
+    from . import _kafka
+
+    log("[kafka] Kafka -> Spark -> Kafka: Spark's sink, naive foreachBatch, eosink")
+    t0 = time.perf_counter()
+    try:
+        got = _kafka.kafka_rows(quick, tmp, log)
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        log(f"  FAILED: {why}")
+        row = failed_row(_kafka.RATIO, _kafka.TARGET, why)
+        row.section = "kafka"
+        return [row], [], {}
+    log(f"  [kafka] {time.perf_counter() - t0:.0f} s")
+    return got
+
+
 def report(
     out: Path,
     rows: list[Row],
@@ -353,6 +388,8 @@ def report(
     ]
     if any(r.section in ("rolling", "s3") for r in rows):
         lines += section_lines(rows, tables, data, size, quick, None)
+    if any(r.section == "kafka" for r in rows):
+        lines += kafka_section(rows, tables, runtime, quick, None, None)
     text = "\n".join(lines)
     out.write_text(text)
     return text
@@ -462,12 +499,28 @@ def section_lines(
     return lines
 
 
+def kafka_section(
+    rows: list[Row],
+    tables: dict[str, list[str]],
+    runtime: dict[str, Any],
+    quick: bool,
+    took: float | None,
+    facts: dict[str, str] | None,
+) -> list[str]:
+    """The "Kafka" section (``bench/_kafka.py``)."""
+    from . import _kafka
+
+    return _kafka.section_lines(
+        rows, tables.get("kafka", []), runtime.get("kafka", {}), quick, took, facts, table_line
+    )
+
+
 def splice(out: Path, section: list[str]) -> None:
-    """Replace the report's "Rolling files and S3" section (or append it), nothing else."""
+    """Replace the report's section ``section[0]`` (or append it), nothing else."""
     text = out.read_text() if out.exists() else ""
     lines = text.splitlines()
     try:
-        start = lines.index(SECTION)
+        start = lines.index(section[0])
     except ValueError:
         start = len(lines)
         if lines and lines[-1].strip():
@@ -511,16 +564,18 @@ def main() -> int:
     ap.add_argument(
         "--splice",
         action="store_true",
-        help=f"with --only rolling,s3: rewrite only the report's {SECTION[3:]!r} section "
-        "(the rest of the report is left as it is)",
+        help=f"with --only rolling,s3 or --only kafka: rewrite only the report's "
+        f"{SECTION[3:]!r} or 'Kafka' section (the rest of the report is left as it is)",
     )
     a = ap.parse_args()
     parts = set(PARTS) if not a.only else {p.strip() for p in a.only.split(",")}
     unknown = parts - set(PARTS)
     if unknown:
         ap.error(f"unknown part(s) {', '.join(sorted(unknown))}; use {', '.join(PARTS)}")
-    if a.splice and parts != {"rolling", "s3"}:
-        ap.error("--splice goes with --only rolling,s3 (it rewrites that whole section)")
+    if a.splice and parts not in ({"rolling", "s3"}, {"kafka"}):
+        ap.error(
+            "--splice goes with --only rolling,s3 or --only kafka (it rewrites that whole section)"
+        )
     default_out = ROOT / "docs" / "benchmarks.md"
     out = Path(a.out) if a.out else (None if a.only and not a.splice else default_out)
     size = QUICK if a.quick else FULL
@@ -587,9 +642,15 @@ def main() -> int:
         if "runtime" in parts:
             got, runtime = runtime_rows(data, size, tmp, a.quick)
             rows += got
+        if "kafka" in parts:
+            got, tables["kafka"], runtime["kafka"] = kafka_part(tmp, a.quick)
+            rows += got
         took = time.time() - started
         print_rows(rows)
-        if out is not None and a.splice:
+        if out is not None and a.splice and parts == {"kafka"}:
+            splice(out, kafka_section(rows, tables, runtime, a.quick, took, facts))
+            log(f"\nsection 'Kafka' written to {out}")
+        elif out is not None and a.splice:
             splice(out, section_lines(rows, tables, data, size, a.quick, took, facts))
             log(f"\nsection {SECTION[3:]!r} written to {out}")
         elif out is not None:
