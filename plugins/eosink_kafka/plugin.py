@@ -30,7 +30,10 @@ def make_writer(opts: KafkaSinkOptions, ctx: WriterContext) -> KafkaWriter:
 
 
 def _default_sink_id(o: KafkaSinkOptions) -> str:
-    return f"kafka:{o.bootstrap_servers}/{o.topic if o.topic is not None else '*'}"
+    # Not the broker list: adding a broker to bootstrap_servers must not make a new sink
+    # (with no history, a re-run would publish again). The cluster is checked by target_id:
+    # the same topic name on another cluster is refused until it gets its own sink_id.
+    return f"kafka:{o.topic if o.topic is not None else '*'}"
 
 
 SINK: SinkPlugin[KafkaSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
