@@ -272,3 +272,59 @@ def test_options_and_schema_refused_with_reasons(
             sink="kafka",
             **{**base, "bootstrap_servers": "127.0.0.1:9", "timeout_seconds": 3},
         )
+
+
+def test_smaller_pool_finishes_a_larger_pools_pending_epoch(
+    spark: Any, kafka: Any, topic: str, tmp_path: Path
+) -> None:
+    """A run with transactions=4 dies inside its commit; the next run asks for 2: it still
+    fences all 4 ids (the sink's marker records the pool) and finishes every slot's chunks."""
+    n = 2000
+    opts = _opts(kafka, topic, tmp_path, chunk_bytes=8 * 1024)
+    with simulate("kafka_before_commit", 3), pytest.raises(SimulatedCrash):
+        eosink.run(_events(spark, n, parts=4), sink="kafka", epoch=1, transactions=4, **opts)
+    r = eosink.run(_events(spark, n, parts=4), sink="kafka", epoch=1, transactions=2, **opts)
+    assert r.committed and r.recovered
+    assert sorted(_ids(read_topic(kafka.bootstrap, topic))) == list(range(n))
+    r = eosink.run(_events(spark, 10, parts=4), sink="kafka", epoch=2, transactions=2, **opts)
+    assert r.committed and not r.recovered
+    assert len(read_topic(kafka.bootstrap, topic)) == n + 10
+
+
+def test_marker_read_is_not_cut_short_by_another_open_transaction(kafka: Any) -> None:
+    """A ``read_committed`` consumer's end of partition is the last stable offset: with
+    another producer's transaction open on the control topic, markers committed after it
+    were missed (a stale marker republishes a chunk). The read goes to the high watermark,
+    waiting for the open transaction to end."""
+    import threading
+    import time
+
+    from confluent_kafka import Producer
+    from eosink_kafka.options import KafkaSinkOptions
+    from eosink_kafka.transactions import read_markers
+
+    ctl = f"ctl-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(ctl, **{"cleanup.policy": "compact"})
+
+    def producer(tid: str) -> Any:
+        p = Producer({"bootstrap.servers": kafka.bootstrap, "transactional.id": tid})
+        p.init_transactions(30)
+        return p
+
+    ours, other = producer(f"ours-{ctl}"), producer(f"other-{ctl}")
+    ours.begin_transaction()
+    ours.produce(ctl, json.dumps({"epoch": 1}).encode(), b"k/0")
+    ours.commit_transaction(30)
+    other.begin_transaction()
+    other.produce(ctl, b"{}", b"someone-else/0")
+    other.flush(30)
+    ours.begin_transaction()
+    ours.produce(ctl, json.dumps({"epoch": 2}).encode(), b"k/0")
+    ours.commit_transaction(30)
+    threading.Timer(2.0, lambda: other.abort_transaction(30)).start()
+    opts = KafkaSinkOptions(bootstrap_servers=kafka.bootstrap, topic="t", timeout_seconds=30)
+    t0 = time.monotonic()
+    assert read_markers(opts, ctl, "k/") == {"k/0": {"epoch": 2}}
+    assert time.monotonic() - t0 >= 1.5  # it waited for the open transaction
+    # Without committed: every record, open transactions' too.
+    assert "k/0" in read_markers(opts, ctl, "k/", committed=False)

@@ -120,16 +120,30 @@ class KafkaCoordinator(
         return slot
 
     def _ready(self, numbers: Iterable[int]) -> None:
-        """Initialise the slots that are not (``init_transactions`` first), then read markers."""
+        """Initialise the slots that are not, then read their markers.
+
+        Order matters: ``init_transactions`` of a slot fences its zombies (aborting their
+        open transaction) *before* its marker is read, so the marker read is final. Slots of
+        the sink that are not asked for but left marker records in open transactions (a
+        larger pool of an earlier run) are initialised too: their open transactions would
+        hold the control topic's last stable offset back until they time out.
+        """
         from .transactions import read_markers
 
-        todo = [self._slot(n) for n in sorted(set(numbers)) if not self._slot(n).ready]
+        want = set(numbers)
+        todo = {n for n in want if not self._slot(n).ready}
         if not todo:
             return
-        for slot in todo:
-            slot.init()
-        markers = read_markers(self.opts, self.control_topic, f"{self.key}/")
-        for slot in todo:
+        prefix = f"{self.key}/"
+        for key in read_markers(self.opts, self.control_topic, prefix, committed=False):
+            number = key[len(prefix) :]
+            if number.isdigit() and not self._slot(int(number)).ready:
+                todo.add(int(number))
+        for n in sorted(todo):
+            self._slot(n).init()
+        markers = read_markers(self.opts, self.control_topic, prefix)
+        for n in todo:
+            slot = self._slot(n)
             slot.marker = markers.get(slot.marker_key)
             slot.ready = True
         self.sink_marker = markers.get(f"{self.key}/sink", self.sink_marker)
@@ -140,12 +154,9 @@ class KafkaCoordinator(
             self.admin.check_topic(self.opts.topic)
         self.cluster = self.admin.cluster_id()
         self.admin.ensure_control_topic(self.control_topic)
+        # Every id of the pool, and every id of the sink that ever wrote a marker (a larger
+        # pool of an earlier run): fenced, lingering transactions aborted.
         self._ready(range(self.opts.transactions))
-        pool = int((self.sink_marker or {}).get("pool", 0))
-        if pool > self.opts.transactions:
-            # A run with a larger pool: its ids may hold transactions and its slots chunks of
-            # a PENDING epoch; fence them too.
-            self._ready(range(pool))
         self.staging.mkdir(parents=True, exist_ok=True)
         log.info(
             "kafka sink %s: %d transactional id(s) eosink-%s-<n> ready; control topic %s",
@@ -171,16 +182,12 @@ class KafkaCoordinator(
         last = self._last_epoch()
         if self.sink_marker is None and last < 0:
             return None
-        out = {k: v for k, v in (self.sink_marker or {}).items() if k != "pool"}
+        out = dict(self.sink_marker or {})
         out["last_epoch"] = last
         return out
 
     def write_marker(self, marker: dict[str, Any]) -> None:
-        value = {
-            **marker,
-            "last_epoch": self._last_epoch(),
-            "pool": max(len(self.slots), self.opts.transactions),
-        }
+        value = {**marker, "last_epoch": self._last_epoch()}
         slot = self._slot(0)
         self._ready([0])
         slot.write_marker(f"{self.key}/sink", value)

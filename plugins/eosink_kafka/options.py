@@ -71,7 +71,8 @@ class KafkaSinkOptions(BaseModel):
         transactions: the size of the sink's fixed pool of transactional ids
             ``eosink-<sink key>-<slot>``: how many transactions publish an epoch in
             parallel. Records of one Spark partition go through one of them, in order. A
-            later run with a smaller pool still fences and finishes the ids of a larger one.
+            later run with a smaller pool still fences and finishes the ids of a larger one
+            (every id that wrote a marker in the control topic).
         chunk_bytes: the most bytes (uncompressed, as staged) one transaction publishes.
             Transactions stay short: ``transaction.timeout.ms`` must leave room for a chunk
             at 1 MiB/s.

@@ -155,58 +155,80 @@ class Admin:
             )
 
 
-def read_markers(opts: KafkaSinkOptions, topic: str, prefix: str) -> dict[str, dict[str, Any]]:
-    """Every committed marker of the control topic whose key starts with ``prefix``.
+def read_markers(
+    opts: KafkaSinkOptions, topic: str, prefix: str, committed: bool = True
+) -> dict[str, dict[str, Any]]:
+    """The markers of the control topic whose key starts with ``prefix`` (last value wins).
 
-    Read with ``isolation.level=read_committed`` from the beginning to the end of every
-    partition (the last value of each key wins, as after compaction).
+    ``committed``: read with ``read_committed`` up to the partitions' *high watermarks*,
+    taken now with ``read_uncommitted`` (a ``read_committed`` consumer's end of partition and
+    watermarks are the last stable offset: an open transaction of another producer would
+    hide every marker committed after it, and a stale marker republishes a chunk). So call it
+    after ``init_transactions`` of the ids whose markers count: their zombies can write
+    nothing after that, and whatever they committed before is below the watermark. The read
+    waits while another producer's transaction below the watermark is open (at most its
+    transaction timeout; past ``timeout_seconds``: :class:`CommitStateUnknownError`).
+
+    Not ``committed``: every marker record, those of open transactions too (which
+    transactional ids of the sink ever wrote markers).
     """
-    conf = {
+    base = {
         **opts.client_settings(),
         "group.id": f"eosink-marker-{uuid.uuid4().hex[:8]}",
-        "isolation.level": "read_committed",
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
     }
-    consumer = Consumer(conf, logger=rdlog)
+    consumer = Consumer({**base, "isolation.level": "read_uncommitted"}, logger=rdlog)
+    reader = consumer
     try:
         md = consumer.list_topics(topic, timeout=opts.timeout_seconds)
         parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
         if not parts:
             raise SinkError(f"control topic {topic!r} has no partitions")
-        consumer.assign([TopicPartition(topic, p, -2) for p in parts])  # OFFSET_BEGINNING
+        ends: dict[int, int] = {}
+        for p in parts:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=opts.timeout_seconds, cached=False
+            )
+            if high > low:
+                ends[p] = int(high)
+        if committed:
+            consumer.close()
+            reader = Consumer({**base, "isolation.level": "read_committed"}, logger=rdlog)
         out: dict[str, dict[str, Any]] = {}
-        done: set[int] = set()
+        if not ends:
+            return out
+        tps = [TopicPartition(topic, p, -2) for p in sorted(ends)]  # OFFSET_BEGINNING
+        reader.assign(tps)
         deadline = time.monotonic() + opts.timeout_seconds
-        while len(done) < len(parts):
+        left = set(ends)
+        while left:
             if time.monotonic() > deadline:
                 raise CommitStateUnknownError(
                     f"reading the markers of control topic {topic!r} took more than "
-                    f"{opts.timeout_seconds:.0f} s"
+                    f"{opts.timeout_seconds:.0f} s (a transaction of another producer on it "
+                    "may be open)"
                 )
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    done.add(int(msg.partition() or 0))
-                    continue
-                raise CommitStateUnknownError(f"reading control topic {topic!r}: {error}")
-            done.discard(int(msg.partition() or 0))
-            raw_key = msg.key()
-            key = raw_key.decode() if isinstance(raw_key, bytes) else str(raw_key or "")
-            if not key.startswith(prefix):
-                continue
-            value = msg.value()
-            if value is None:
-                out.pop(key, None)
-            else:
-                out[key] = json.loads(value)
+            msg = reader.poll(0.5)
+            if msg is not None:
+                error = msg.error()
+                if error is not None and error.code() != KafkaError._PARTITION_EOF:
+                    raise CommitStateUnknownError(f"reading control topic {topic!r}: {error}")
+                raw_key = msg.key() if error is None else None
+                key = raw_key.decode() if isinstance(raw_key, bytes) else ""
+                if error is None and key.startswith(prefix):
+                    value = msg.value()
+                    if value is None:
+                        out.pop(key, None)
+                    else:
+                        out[key] = json.loads(value)
+            for tp in reader.position([TopicPartition(topic, p) for p in left]):
+                if tp.offset >= ends[tp.partition]:
+                    left.discard(tp.partition)
         return out
     finally:
-        consumer.close()
+        reader.close()
 
 
 @dataclass
