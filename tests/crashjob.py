@@ -1,8 +1,16 @@
 """A Spark driver program that the crash tests start, kill with SIGKILL and restart.
 
-It writes the Parquet files of --input to the file sink exactly once, as a batch job (one
-explicit epoch) or a stream (one micro-batch per input file), then exits 0. It prints
-nothing the tests rely on; they check the output with independent readers.
+It writes the Parquet files of --input to a sink (file, iceberg or kafka) exactly once, as a
+batch job (one explicit epoch) or a stream (one micro-batch per input file), then exits 0.
+With ``--source kafka`` the stream reads a Kafka topic instead (Spark's Kafka connector,
+``read_committed``, a few records per micro-batch; the connector's jars come with
+``--jars``). It prints nothing the tests rely on; they check the output with independent
+readers.
+
+The kafka sink writes ``key = grp`` and ``value = to_json(struct(id, grp, payload))``; rows
+are hash-partitioned by ``grp`` into 3 Spark partitions, so the records of one key come from
+one partition, in ascending ``id`` within an epoch (a batch sorts within partitions; a
+stream's micro-batch reads one file in one task, in file order).
 """
 
 from __future__ import annotations
@@ -34,6 +42,34 @@ def _hold(batches):  # type: ignore[no-untyped-def]
         yield b
 
 
+SCHEMA = "id long, grp string, payload string"
+
+
+def _kafka_source(spark, a):  # type: ignore[no-untyped-def]
+    """The rows of the JSON values of a Kafka topic (``--source-options``: bootstrap_servers,
+    topic, max_offsets per micro-batch), read with ``read_committed``."""
+    src = json.loads(a.source_options)
+    raw = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", src["bootstrap_servers"])
+        .option("subscribe", src["topic"])
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .option("maxOffsetsPerTrigger", int(src.get("max_offsets", 100)))
+        .load()
+    )
+    return raw.selectExpr(f"from_json(CAST(value AS STRING), '{SCHEMA}') AS r").select("r.*")
+
+
+def _kafka_rows(df, batch: bool):  # type: ignore[no-untyped-def]
+    """The columns of the kafka sink: key = grp, value = the row as JSON; one key's rows in
+    one Spark partition, by ascending id within it."""
+    df = df.repartition(3, "grp")
+    if batch:
+        df = df.sortWithinPartitions("id")
+    return df.selectExpr("grp AS key", "to_json(struct(id, grp, payload)) AS value")
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=["batch", "stream", "ds-stream"], required=True)
@@ -45,7 +81,14 @@ def main() -> int:
     p.add_argument("--commit-mode", default="after_checkpoint")
     p.add_argument("--partition-by", default="")
     p.add_argument("--format", default="parquet")
-    p.add_argument("--sink", default="file", choices=["file", "iceberg"])
+    p.add_argument("--sink", default="file", choices=["file", "iceberg", "kafka"])
+    p.add_argument("--source", default="files", choices=["files", "kafka"])
+    p.add_argument(
+        "--source-options",
+        default="{}",
+        help='--source kafka: {"bootstrap_servers": ..., "topic": ..., "max_offsets": 100}',
+    )
+    p.add_argument("--jars", default="", help="spark.jars of the driver (Kafka connector)")
     p.add_argument("--writer", default="", help="the sink's writer option (default: its own)")
     p.add_argument("--catalog-uri", default="", help="iceberg: SQL catalog URL (default SQLite)")
     p.add_argument("--catalog-json", default="", help="iceberg: all catalog properties, JSON")
@@ -61,7 +104,8 @@ def main() -> int:
 
     import eosink
 
-    spark = eosink.spark_session(a.master, app_name="eosink-crashjob")
+    conf = {"spark__jars": a.jars} if a.jars else {}
+    spark = eosink.spark_session(a.master, app_name="eosink-crashjob", **conf)
     spark.sparkContext.setLogLevel("ERROR")
     # Executors registered with the driver (the driver itself is not counted). On a
     # local-cluster master they register asynchronously: wait for all of them (60 s at most).
@@ -73,10 +117,12 @@ def main() -> int:
             break
         time.sleep(0.2)
     print(f"EXECUTORS {executors}", flush=True)
-    schema = "id long, grp string, payload string"
+    schema = SCHEMA
     opts: dict[str, object] = {"metastore_url": a.metastore}
     if a.sink == "file":
         opts.update(path=a.out, format=a.format)
+    elif a.sink == "kafka":
+        pass  # bootstrap_servers, topic, staging_path...: --sink-options
     else:
         opts["table"] = "db.events"
         if a.catalog_json:
@@ -92,13 +138,19 @@ def main() -> int:
     if a.sink_options:
         opts.update(json.loads(a.sink_options))
     if a.mode == "batch":
-        df = spark.read.schema(schema).parquet(a.input).repartition(3)
+        df = spark.read.schema(schema).parquet(a.input)
+        df = _kafka_rows(df, batch=True) if a.sink == "kafka" else df.repartition(3)
         r = eosink.run(df, sink=a.sink, epoch=5, **opts)
         print("RESULT", r, flush=True)
     elif a.mode == "stream":
-        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
+        if a.source == "kafka":
+            sdf = _kafka_source(spark, a)
+        else:
+            sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
         if os.environ.get("CRASHJOB_HOLD"):
             sdf = sdf.mapInArrow(_hold, schema)
+        if a.sink == "kafka":
+            sdf = _kafka_rows(sdf, batch=False)
         h = eosink.run(
             sdf,
             sink=a.sink,
@@ -111,6 +163,8 @@ def main() -> int:
         print("RESULT", [f.as_dict() for f in h.figures], flush=True)
     else:
         sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
+        if a.sink == "kafka":
+            sdf = _kafka_rows(sdf, batch=False)
         w = sdf.writeStream.format("eosink").option("sink", a.sink)
         for k, v in opts.items():
             w = w.option(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))

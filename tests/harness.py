@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -78,6 +78,13 @@ class Job:
         self.logs: list[str] = []
 
     def argv(self) -> list[str]:
+        extra = dict(self.extra)
+        if extra.get("source") == "kafka" and "jars" not in extra:
+            # Spark's Kafka connector (spark.jars of the driver; CDS is unaffected: the jars
+            # are loaded by Spark's own class loader, not from the JVM's class path).
+            from jvm import spark_kafka_conf
+
+            extra["jars"] = spark_kafka_conf()["spark.jars"]
         args = [
             sys.executable,
             str(TESTS / "crashjob.py"),
@@ -92,7 +99,7 @@ class Job:
             "--metastore",
             self.metastore,
         ]
-        for k, v in self.extra.items():
+        for k, v in extra.items():
             args += [f"--{k.replace('_', '-')}", v]
         if self.sink_options:
             args += ["--sink-options", json.dumps(self.sink_options)]
@@ -259,9 +266,27 @@ class Job:
 
     @property
     def sink_id(self) -> str:
+        if "sink_id" in self.sink_options:
+            return str(self.sink_options["sink_id"])
         if self.extra.get("sink") == "iceberg":
             return "iceberg:eosink.db.events"
+        if self.extra.get("sink") == "kafka":
+            import eosink
+
+            plugin = eosink.get_sink("kafka")  # the sink's own default (kafka:<topic>)
+            return plugin.default_sink_id(plugin.parse_options(self.sink_options))
         return f"file:{self.target.rstrip('/')}"
+
+    def kafka_staged(self) -> list[str]:
+        """Files a kafka sink job left under its staging directory (``staging_path`` of the
+        sink options, ``<sink key>/<epoch>/<attempt>/part-*``), relative to it."""
+        import hashlib
+
+        key = hashlib.sha1(self.sink_id.encode()).hexdigest()[:16]  # the sink's own naming
+        root = Path(self.sink_options["staging_path"]) / key
+        if not root.exists():
+            return []
+        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
     def output(self) -> Output:
         """The file sink's output, read without eosink (local disk or boto3)."""
@@ -288,16 +313,17 @@ class Job:
         return self.logs[-1][-6000:] if self.logs else ""
 
 
-def run_with_random_kills(job: Job, rng: random.Random, window: float) -> None:
+def run_with_random_kills(job: Job, rng: random.Random, window: float, attempts: int = 4) -> None:
     """Run ``job`` with its driver killed at random instants, then until it exits 0.
 
     Kills alternate between an instant drawn from the first change of the sink's meta store
     rows in that run (up to ``window`` seconds after it, so kills provably land inside the
     protocol) and one drawn from the start of the driver (which may land in Spark's
-    start-up). At least one kill must land after a run's first PENDING epoch.
+    start-up). At least one kill must land after a run's first PENDING epoch. ``attempts``:
+    how many runs may be killed at most (a run that exits 0 ends the kills).
     """
     in_protocol = 0
-    for attempt in range(4):
+    for attempt in range(attempts):
         if attempt % 2 == 0:
             code = job.run(kill_in_protocol=rng.uniform(0.0, window))
             # Killed, and the kill came after this run's first PENDING epoch.
@@ -309,6 +335,99 @@ def run_with_random_kills(job: Job, rng: random.Random, window: float) -> None:
             break
     assert in_protocol >= 1, "no kill landed after the run's first PENDING epoch"
     assert job.run() == 0, job.last_log()
+
+
+class KafkaRecord(NamedTuple):
+    """One record of a topic as a consumer saw it."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None
+
+
+def read_topic(
+    bootstrap: str, topic: str, isolation: str = "read_committed", timeout: float = 60
+) -> list[KafkaRecord]:
+    """Every record of ``topic`` visible at ``isolation`` (``read_committed`` or
+    ``read_uncommitted``), read with confluent-kafka from the beginning to the end of every
+    partition (with ``read_committed`` the end is the last stable offset: an open
+    transaction holds the reader there). Per partition in offset order."""
+    import uuid
+
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        md = consumer.list_topics(topic, timeout=timeout)
+        parts = sorted(md.topics[topic].partitions)
+        assert parts, f"topic {topic} has no partitions"
+        todo: set[int] = set()
+        for p in parts:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            if high > low:
+                todo.add(p)
+        consumer.assign([TopicPartition(topic, p, -2) for p in sorted(todo)])  # beginning
+        out: list[KafkaRecord] = []
+        deadline = time.monotonic() + timeout
+        while todo:
+            assert time.monotonic() < deadline, (
+                f"{topic}: partitions {sorted(todo)} not read to their end in {timeout} s "
+                f"({len(out)} records read)"
+            )
+            msg = consumer.poll(1.0)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                assert err.code() == KafkaError._PARTITION_EOF, err
+                todo.discard(int(msg.partition() or 0))
+                continue
+            out.append(
+                KafkaRecord(
+                    int(msg.partition() or 0),
+                    int(msg.offset() or 0),
+                    msg.key(),
+                    msg.value(),
+                    msg.headers(),
+                )
+            )
+    finally:
+        consumer.close()
+    return sorted(out, key=lambda r: (r.partition, r.offset))
+
+
+def fill_topic(bootstrap: str, topic: str, files: int = 4, rows: int = 300) -> list[int]:
+    """Produce the rows :func:`make_input` would write (``id``, ``grp``, ``payload``) as JSON
+    values (key ``grp``) into ``topic``, committed in ``files`` transactions; returns every
+    id. The source of the Kafka-source crash jobs (``crashjob.py --source kafka``)."""
+    import uuid
+
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": f"fill-{uuid.uuid4().hex[:8]}"}
+    )
+    producer.init_transactions(60)
+    ids: list[int] = []
+    for f in range(files):
+        producer.begin_transaction()
+        for i in range(f * rows, (f + 1) * rows):
+            row = {"id": i, "grp": GROUPS[i % len(GROUPS)], "payload": payload(i)}
+            producer.produce(topic, json.dumps(row).encode(), row["grp"].encode())
+            ids.append(i)
+        producer.commit_transaction(60)
+    return ids
 
 
 def read_ids(out: Path, partitioned: bool = False) -> list[int]:
