@@ -1,0 +1,288 @@
+"""The kafka sink's crash matrix: SIGKILL the driver, restart, read the topic independently.
+
+Each case runs tests/crashjob.py with ``--sink kafka`` (key = ``grp``, value = the row as
+JSON, one key's rows in one Spark partition) against the session's real broker, kills it at
+fault points (``EOSINK_FAULT``), restarts it until it exits 0, then a plain confluent-kafka
+consumer with ``read_committed`` reads the topic to the end of every partition and compares
+it with the input row by row: every id exactly once with its key and payload, per key the
+ids of an epoch in order, nothing left in the sink's staging directory, every epoch
+COMMITTED. Where a crash left a transaction open (records produced, no commit), a
+``read_uncommitted`` consumer sees those aborted records too, and still no committed record
+twice.
+
+Chains of points fire in successive runs (as in test_crash.py). Chunks are small
+(``chunk_bytes=1024``: several transactions per slot and epoch) so that ``mid_commit`` and
+``kafka_*`` points land between and inside the transactions of one slot.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import metastore_for
+from harness import GROUPS, Job, epoch_states, make_input, read_topic, run_with_random_kills
+
+pytestmark = pytest.mark.crash
+
+ROWS = 60  # rows per input file: one file per micro-batch
+
+# Stream chains (epochs 0..): each run dies at its point, the next recovers first.
+STREAM_FAULTS = [
+    # Before the epoch is durable, after it is PENDING (not checkpointed: aborted and
+    # written again), inside a chunk's transaction (records produced, no marker).
+    ["after_write_results@2", "after_persist@2", "kafka_mid_produce@3"],
+    # A chunk produced and flushed, not committed (an open transaction the next start
+    # aborts; the next run dies right after fencing the first id of the pool, before the
+    # others are fenced), then between the chunks of a slot, then after the whole commit.
+    ["kafka_before_commit@3", "kafka_after_init", "mid_commit@2", "after_commit@2"],
+]
+# A batch job has one epoch (5): every run after the first finishes (or dies in) the PENDING
+# epoch the first left.
+BATCH_FAULTS = [
+    # Nothing durable; then a transaction left open mid-produce (the next start aborts it
+    # when it fences the pool, then commits the PENDING epoch); then after the commit,
+    # before COMMITTED (the last run finds every chunk covered by the markers).
+    ["after_write_results", "kafka_mid_produce@2", "after_commit"],
+    ["after_persist", "kafka_before_commit@2", "mid_commit"],
+]
+ON_POSTGRES = [BATCH_FAULTS[1]]
+# Chains that leave an open transaction with flushed records behind (kafka_before_commit;
+# kafka_mid_produce's records may still be in the producer's buffer when it dies):
+# read_uncommitted must see its records.
+LEAVES_ABORTED = [STREAM_FAULTS[1], BATCH_FAULTS[1]]
+
+
+def _cases(matrix: list[list[str]]) -> list[Any]:
+    return [
+        pytest.param(store, faults, id=f"{store}-{'+'.join(faults)}")
+        for faults in matrix
+        for store in ("sqlite", "postgres")
+        if store == "sqlite" or faults in ON_POSTGRES
+    ]
+
+
+def kafka_job(kafka: Any, tmp: Path, mode: str, metastore: str, **extra: Any) -> tuple[Job, str]:
+    """A crash job of the kafka sink writing to a new 2-partition topic; returns it and the
+    topic. ``extra``: more crashjob options; ``sink_options`` are merged over the job's."""
+    topic = f"crash-{uuid.uuid4().hex[:10]}"
+    kafka.create_topic(topic, partitions=2)
+    opts = {
+        "bootstrap_servers": kafka.bootstrap,
+        "topic": topic,
+        "staging_path": str(tmp / "staging"),
+        "chunk_bytes": 1024,
+        "timeout_seconds": 20,
+        **extra.pop("sink_options", {}),
+    }
+    return Job(tmp, mode, metastore, sink_options=opts, sink="kafka", **extra), topic
+
+
+def check_topic(
+    job: Job,
+    expected: list[int],
+    *,
+    aborted: bool = False,
+    per_epoch: int | None = None,
+    unordered: frozenset[bytes] = frozenset(),
+) -> None:
+    """The topic holds every id of ``expected`` exactly once (``read_committed``), each with
+    its key and payload; per key, the ids of one epoch in ascending order (``per_epoch``: a
+    stream's epoch is one input file of that many rows; without it, the whole topic is
+    checked as one epoch); nothing staged; every epoch COMMITTED. ``aborted``:
+    ``read_uncommitted`` sees records no committed transaction holds (a crash left a
+    transaction open), every one a copy of a committed record. ``unordered``: keys whose
+    order is not checked."""
+    bootstrap = str(job.sink_options["bootstrap_servers"])
+    topic = str(job.sink_options["topic"])
+    committed = read_topic(bootstrap, topic, "read_committed")
+    ids: list[int] = []
+    order: dict[tuple[int, bytes | None, int], list[int]] = {}
+    for rec in committed:
+        assert rec.value is not None
+        row = json.loads(rec.value)
+        i = int(row["id"])
+        ids.append(i)
+        assert row == {"id": i, "grp": GROUPS[i % len(GROUPS)], "payload": f"payload-{i}"}, row
+        assert rec.key == row["grp"].encode(), (rec.key, row)
+        epoch = i // per_epoch if per_epoch else 0
+        order.setdefault((rec.partition, rec.key, epoch), []).append(i)
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    assert sorted(ids) == expected, (
+        f"{len(ids)} records read back, {len(expected)} written; missing "
+        f"{sorted(set(expected) - set(ids))[:10]}, duplicated {dup[:10]}"
+    )
+    for (part, key, epoch), seq in order.items():
+        if key not in unordered:
+            assert seq == sorted(seq), f"partition {part} key {key!r} epoch {epoch}: {seq}"
+
+    everything = read_topic(bootstrap, topic, "read_uncommitted")
+    seen = {(r.partition, r.offset) for r in committed}
+    assert seen <= {(r.partition, r.offset) for r in everything}
+    extra = [r for r in everything if (r.partition, r.offset) not in seen]
+    for rec in extra:
+        assert rec.value is not None and json.loads(rec.value)["id"] in set(expected)
+    if aborted:
+        assert extra, "no aborted record: the crash left no open transaction"
+
+    assert job.kafka_staged() == []
+    states = epoch_states(job.metastore, job.sink_id)
+    assert states.get("COMMITTED"), states
+    assert "PENDING" not in states and "ABORTED" not in states, states
+
+
+def crash_and_recover(job: Job, faults: list[str]) -> None:
+    for fault in faults:
+        code = job.run(fault=fault)
+        assert job.fired() == [fault.split("@")[0]], f"fault {fault} not reached:\n{job.last_log()}"
+        assert code == -9, f"the driver survived {fault} (exit {code}):\n{job.last_log()}"
+    assert job.run() == 0, job.last_log()
+
+
+@pytest.mark.parametrize(("store", "faults"), _cases(STREAM_FAULTS))
+def test_kafka_stream_crash(
+    request: pytest.FixtureRequest, kafka: Any, tmp_path: Path, store: str, faults: list[str]
+) -> None:
+    job, _ = kafka_job(kafka, tmp_path, "stream", metastore_for(store, request, tmp_path))
+    expected = make_input(job.input, files=4, rows=ROWS)
+    crash_and_recover(job, faults)
+    check_topic(job, expected, aborted=faults in LEAVES_ABORTED, per_epoch=ROWS)
+
+
+@pytest.mark.parametrize(("store", "faults"), _cases(BATCH_FAULTS))
+def test_kafka_batch_crash(
+    request: pytest.FixtureRequest, kafka: Any, tmp_path: Path, store: str, faults: list[str]
+) -> None:
+    job, _ = kafka_job(kafka, tmp_path, "batch", metastore_for(store, request, tmp_path))
+    expected = make_input(job.input, files=4, rows=ROWS)
+    crash_and_recover(job, faults)
+    check_topic(job, expected, aborted=faults in LEAVES_ABORTED)
+    # Running the finished batch again publishes nothing (epoch 5 is COMMITTED).
+    if store == "sqlite" and faults == BATCH_FAULTS[0]:
+        assert job.run() == 0, job.last_log()
+        check_topic(job, expected)
+
+
+def test_kafka_executor_lost_mid_stage(kafka: Any, tmp_path: Path) -> None:
+    """A task's Python worker dies before its writer's finish_write (the staged Parquet file
+    of that attempt is left half-written); Spark retries the task; the commit publishes the
+    retry's records once and the epoch's staging directory, the dead attempt's file with it,
+    is gone."""
+    job, _ = kafka_job(
+        kafka,
+        tmp_path,
+        "stream",
+        f"sqlite:///{tmp_path / 'm.db'}",
+        master="local[2,3]",
+        sink_options={"writer": "python"},
+    )
+    expected = make_input(job.input, files=3, rows=ROWS)
+    assert job.run(fault="task_before_finish@2") == 0, job.last_log()
+    assert "task_before_finish" in job.fired(), job.last_log()
+    check_topic(job, expected, per_epoch=ROWS)
+
+
+def test_kafka_zombie_driver_is_fenced(kafka: Any, tmp_path: Path) -> None:
+    """Driver A freezes (SIGSTOP) with a chunk's transaction open: records and marker
+    produced and flushed, commit_transaction not called. Driver B starts on the same sink,
+    fences A's transactional ids (aborting A's transaction) and finishes the job. A, woken
+    up, must fail without publishing anything: its commit is fenced by Kafka."""
+    job, _ = kafka_job(kafka, tmp_path, "stream", f"sqlite:///{tmp_path / 'm.db'}")
+    expected = make_input(job.input, files=3, rows=ROWS)
+    env = job._env("kafka_before_commit@3")
+    env["EOSINK_FAULT_SIGNAL"] = "STOP"
+    marks = job.marks
+    log_a = tmp_path / "run-a.log"
+    with open(log_a, "w") as fh:
+        a = subprocess.Popen(
+            job.argv(), env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    job.logs.append("")  # A's run: B's gets the next log and fault-mark directory
+    try:
+        deadline = time.monotonic() + 120
+        while not any(marks.iterdir()):
+            assert a.poll() is None, log_a.read_text()[-4000:]
+            assert time.monotonic() < deadline, "driver A never reached kafka_before_commit"
+            time.sleep(0.1)
+        time.sleep(0.5)  # the mark is written right before the SIGSTOP
+        assert job.run() == 0, job.last_log()  # driver B
+        os.kill(a.pid, signal.SIGCONT)
+        code_a = a.wait(timeout=120)
+    finally:
+        try:
+            os.killpg(a.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    text = log_a.read_text()
+    assert code_a not in (0, -9), text[-4000:]
+    assert "kafka fenced this producer" in text.lower(), text[-4000:]
+    check_topic(job, expected, aborted=True, per_epoch=ROWS)
+
+
+def test_kafka_broker_restart_during_stream(kafka: Any, tmp_path: Path) -> None:
+    """The broker is killed (SIGKILL) and restarted while a stream commits its epochs. With
+    ``timeout_seconds=5`` a commit that meets the outage fails (``CommitStateUnknownError``,
+    transient) and the core retries it (the slots are initialised again and their markers
+    re-read) until the broker is back; exactly once."""
+    job, _ = kafka_job(
+        kafka,
+        tmp_path,
+        "stream",
+        f"sqlite:///{tmp_path / 'm.db'}",
+        sink_options={"timeout_seconds": 5},
+    )
+    expected = make_input(job.input, files=5, rows=ROWS)
+    outage: list[float] = []
+
+    def restart_after_first_commit() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if epoch_states(job.metastore, job.sink_id).get("COMMITTED"):
+                    break
+            except Exception:  # no schema yet
+                pass
+            time.sleep(0.05)
+        outage.append(time.time())
+        # Down for as long as the broker takes to start again (10-15 s on a busy 2-core
+        # machine): longer than timeout_seconds, so the commit in progress fails.
+        kafka.restart()
+        outage.append(time.time())
+
+    restarter = threading.Thread(target=restart_after_first_commit)
+    restarter.start()
+    try:
+        code = job.run()
+    finally:
+        restarter.join()
+    log = job.logs[-1]
+    assert code == 0, job.last_log()
+    assert len(outage) == 2, "the broker was not restarted"
+    # Some epoch's commit ran across the outage, and failed at least once.
+    figures = ast.literal_eval(log[log.index("RESULT ") + 7 :].splitlines()[0])
+    spans = [(f["committed_at"] - f["commit_ms"] / 1000, f["committed_at"]) for f in figures]
+    assert any(start < outage[1] and end > outage[0] for start, end in spans), (outage, spans)
+    assert "commit failed" in log, job.last_log()
+    check_topic(job, expected, per_epoch=ROWS)
+
+
+@pytest.mark.parametrize("store", ["sqlite"])
+def test_kafka_random_kills(
+    request: pytest.FixtureRequest, kafka: Any, tmp_path: Path, store: str
+) -> None:
+    """A kafka-sink stream whose driver is killed at random instants, then let finish."""
+    metastore = metastore_for(store, request, tmp_path)
+    job, _ = kafka_job(kafka, tmp_path, "stream", metastore)
+    expected = make_input(job.input, files=8, rows=ROWS)
+    run_with_random_kills(job, random.Random(f"kafka-{store}"), window=2.5, attempts=3)
+    check_topic(job, expected, per_epoch=ROWS)
