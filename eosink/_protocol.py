@@ -722,7 +722,9 @@ class SinkRuntime:
         self.store.assert_live(self.sink_id, self.generation)
         t0 = time.perf_counter()
         delay = 0.05
-        deadline = time.monotonic() + self.commit_retry_max_s
+        # The retry window starts at the first failure: an attempt that itself waited long
+        # (a Kafka call blocking through a broker outage) still gets retried.
+        deadline: float | None = None
         while True:
             try:
                 self.coordinator.commit(epoch, committable)
@@ -730,6 +732,8 @@ class SinkRuntime:
             except FencedError:
                 raise
             except EosinkError as exc:
+                if deadline is None:
+                    deadline = time.monotonic() + self.commit_retry_max_s
                 if not exc.transient or time.monotonic() > deadline:
                     raise
                 log.warning(

@@ -99,7 +99,7 @@ class KafkaSinkOptions(BaseModel):
     staging_path: str = Field(default_factory=_default_staging, min_length=1)
     writer: Literal["auto", "spark", "python"] = "auto"
     fsync: bool = True
-    timeout_seconds: float = Field(default=60.0, gt=0)
+    timeout_seconds: float = Field(default=30.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
