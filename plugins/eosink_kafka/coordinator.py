@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -106,7 +105,6 @@ class KafkaCoordinator(
         self.slots: dict[int, Any] = {}
         self.sink_marker: dict[str, Any] | None = None
         self.cluster = ""
-        self._lock = threading.Lock()
 
     # -- the pool --------------------------------------------------------------------------
     def _slot(self, n: int) -> Any:
@@ -247,24 +245,22 @@ class KafkaCoordinator(
         if not slots:
             shutil.rmtree(self.staging / str(epoch), ignore_errors=True)
             return
+        from .transactions import covered
+
         self._ready(slots)
         root = Path(self.opts.staging_path)
 
-        def publish(n: int) -> int:
+        def publish(n: int) -> None:
             slot = self._slot(n)
             chunks = slots[n]
             cache: dict[str, pa.Table] = {}
-            sent = 0
             for index, chunk in enumerate(chunks):
-                from .transactions import covered
-
                 if covered(slot.marker, epoch, index):
                     continue
                 records = read_chunk(root, chunk, self.opts.topic, cache)
-                sent += slot.publish(epoch, index, index == len(chunks) - 1, records)
+                slot.publish(epoch, index, index == len(chunks) - 1, records)
                 if index == 0:
                     fault_point("mid_commit")
-            return sent
 
         errors: list[BaseException] = []
         if len(slots) == 1:

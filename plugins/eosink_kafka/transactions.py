@@ -279,8 +279,8 @@ class Slot:
             self.producer = None
         self.ready = False
 
-    def publish(self, epoch: int, index: int, last: bool, records: Any) -> int:
-        """One transaction: ``records`` and the new marker of this slot. Returns bytes sent.
+    def publish(self, epoch: int, index: int, last: bool, records: Any) -> None:
+        """One transaction: ``records`` and the new marker of this slot.
 
         Raises:
             FencedError: another driver initialised this transactional id.
@@ -294,7 +294,6 @@ class Slot:
         if last:
             recent = [*recent[-(RECENT - 1) :], epoch]
         marker = {"epoch": epoch, "chunk": index, "last": last, "recent": recent}
-        sent = 0
         try:
             p.begin_transaction()
             produce = p.produce
@@ -307,8 +306,6 @@ class Slot:
                     except BufferError:
                         p.poll(0.05)
                 n += 1
-                if value is not None:
-                    sent += len(value)
                 if n % 10000 == 0:
                     p.poll(0)
                     if n == 10000:
@@ -324,7 +321,6 @@ class Slot:
         except KafkaException as exc:
             self._failed(exc, epoch, index)
         self.marker = marker
-        return sent
 
     def write_marker(self, key: str, value: dict[str, Any]) -> None:
         """A transaction with one record of the control topic (the sink's own marker)."""
