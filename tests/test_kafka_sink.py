@@ -222,6 +222,13 @@ def test_empty_epoch_and_reruns(spark: Any, kafka: Any, topic: str, tmp_path: Pa
     r = eosink.run(df, sink="kafka", **_opts(kafka, topic, tmp_path))
     assert r.committed and r.rows == 0
     assert read_topic(kafka.bootstrap, topic) == []
+    # A timeout_seconds above the default transaction.timeout.ms (60 s) is accepted: the
+    # request timeout is capped (librdkafka refused to create such a producer).
+    r = eosink.run(
+        _events(spark, 5), sink="kafka", **_opts(kafka, topic, tmp_path, timeout_seconds=120)
+    )
+    assert r.committed and r.rows == 5
+    assert sorted(_ids(read_topic(kafka.bootstrap, topic))) == list(range(5))
 
 
 def test_options_and_schema_refused_with_reasons(

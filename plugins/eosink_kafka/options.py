@@ -159,9 +159,11 @@ class KafkaSinkOptions(BaseModel):
 
     def producer_settings(self, transactional_id: str) -> dict[str, Any]:
         """librdkafka settings of the producer of one transactional id."""
+        # librdkafka refuses a request timeout above the transaction timeout (+100 ms).
+        txn_ms = int(self.producer_config.get("transaction.timeout.ms", 60000))
         conf: dict[str, Any] = {
             "linger.ms": 5,
-            "socket.timeout.ms": int(self.timeout_seconds * 1000),
+            "socket.timeout.ms": min(int(self.timeout_seconds * 1000), txn_ms),
             **self.producer_config,
             "bootstrap.servers": self.bootstrap_servers,
             "transactional.id": transactional_id,
