@@ -335,3 +335,29 @@ def test_marker_read_is_not_cut_short_by_another_open_transaction(kafka: Any) ->
     assert time.monotonic() - t0 >= 1.5  # it waited for the open transaction
     # Without committed: every record, open transactions' too.
     assert "k/0" in read_markers(opts, ctl, "k/", committed=False)
+
+
+def test_fenced_inside_flush_is_a_fenced_error(kafka: Any, topic: str) -> None:
+    """A zombie whose producer is fenced while it flushes a chunk (the broker refuses to add
+    the chunk's partitions to its transaction) gets eosink's FencedError, and nothing of the
+    chunk is visible. confluent-kafka raises that case as a ``SystemError`` (it calls the
+    delivery callbacks of the purged records with the ``KafkaException`` already set): seen
+    in CI as a zombie driver's last error instead of the fence."""
+    from eosink_kafka.options import KafkaSinkOptions
+    from eosink_kafka.transactions import Slot
+
+    ctl = f"ctl-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(ctl, **{"cleanup.policy": "compact"})
+    opts = KafkaSinkOptions(bootstrap_servers=kafka.bootstrap, topic=topic, timeout_seconds=30)
+    tid = f"zombie-{ctl}"
+    zombie, live = (Slot(opts, tid, ctl, "k/0") for _ in range(2))
+    zombie.init()
+    zombie.ready = True
+    live.init()  # fences the zombie's producer
+    records = [(topic, b'{"id": %d}' % i, b"k", None, i % 3) for i in range(300)]
+    with pytest.raises(eosink.FencedError, match="Kafka fenced this producer"):
+        zombie.publish(0, 0, True, records)
+    live.ready = True
+    live.publish(0, 0, True, records[:3])
+    live.close()
+    assert sorted(_ids(read_topic(kafka.bootstrap, topic))) == [0, 1, 2]

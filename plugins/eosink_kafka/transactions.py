@@ -80,6 +80,24 @@ def _err(exc: BaseException) -> KafkaError | None:
     return None
 
 
+def _kafka_exception(exc: BaseException) -> KafkaException | None:
+    """The ``KafkaException`` that ``exc`` is or was raised from, if any.
+
+    When a producer turns fatal (e.g. fenced) inside ``flush``, confluent-kafka sets the
+    ``KafkaException`` and then still calls the delivery callback of every purged record:
+    Python reports that as ``SystemError: ... returned a result with an exception set``,
+    raised from the ``KafkaException``. The Kafka error is the one that counts.
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, KafkaException):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 class Admin:
     """Topic checks and the control topic (created when missing, compacted)."""
 
@@ -318,7 +336,7 @@ class Slot:
                 raise KafkaException(self.errors[0])
             fault_point("kafka_before_commit")
             p.commit_transaction(self.opts.timeout_seconds)
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
             self._failed(exc, epoch, index)
         self.marker = marker
 
@@ -330,10 +348,14 @@ class Slot:
             p.begin_transaction()
             p.produce(self.control_topic, json.dumps(value).encode(), key.encode())
             p.commit_transaction(self.opts.timeout_seconds)
-        except KafkaException as exc:
+        except (KafkaException, SystemError) as exc:
             self._failed(exc, -1, -1)
 
-    def _failed(self, exc: KafkaException, epoch: int, index: int) -> None:
+    def _failed(self, exc: BaseException, epoch: int, index: int) -> None:
+        kafka_exc = _kafka_exception(exc)
+        if kafka_exc is None:  # a SystemError of confluent-kafka's without a Kafka error
+            raise exc
+        exc = kafka_exc
         err = _err(exc) or (self.errors[0] if self.errors else None)
         self.errors = []
         where = f"{self.transactional_id} epoch {epoch} chunk {index}"
