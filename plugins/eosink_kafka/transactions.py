@@ -353,8 +353,22 @@ class Slot:
 
     def _failed(self, exc: BaseException, epoch: int, index: int) -> None:
         kafka_exc = _kafka_exception(exc)
-        if kafka_exc is None:  # a SystemError of confluent-kafka's without a Kafka error
-            raise exc
+        if kafka_exc is None:
+            # A SystemError of confluent-kafka's that carries no Kafka error (also seen:
+            # "flush returned NULL without setting an exception" when the producer turned
+            # fatal). Ask the producer: aborting a fenced producer's transaction raises the
+            # fence; otherwise the transaction is aborted and the failure is transient.
+            try:
+                if self.producer is not None:
+                    self.producer.abort_transaction(self.opts.timeout_seconds)
+            except (KafkaException, SystemError) as probe:
+                kafka_exc = _kafka_exception(probe)
+        if kafka_exc is None:
+            where = f"{self.transactional_id} epoch {epoch} chunk {index}"
+            self.close()
+            raise CommitStateUnknownError(
+                redact(f"{where}: the Kafka client failed ({type(exc).__name__}: {exc})", self.opts)
+            ) from None
         exc = kafka_exc
         err = _err(exc) or (self.errors[0] if self.errors else None)
         self.errors = []
