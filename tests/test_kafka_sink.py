@@ -406,3 +406,21 @@ def test_bare_system_error_is_named_by_the_producers_state() -> None:
     with pytest.raises(eosink.CommitStateUnknownError, match="SystemError: <method 'flush'"):
         slot.publish(0, 0, True, [("t", b"v", None, None, None)])
     assert slot.producer is None and not slot.ready  # initialised again before a retry
+
+
+def test_marker_read_during_an_outage_is_transient(tmp_path: Path) -> None:
+    """Reading the markers while the broker is down (nothing listens on the port) is a
+    transient CommitStateUnknownError, which the core retries, not a raw KafkaException
+    that failed the run (met in CI: a commit's retry re-read the markers mid-restart)."""
+    import socket
+
+    from eosink_kafka.options import KafkaSinkOptions
+    from eosink_kafka.transactions import read_markers
+
+    with socket.socket() as s:  # a free port, closed again: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    opts = KafkaSinkOptions(bootstrap_servers=f"127.0.0.1:{port}", topic="t", timeout_seconds=2)
+    with pytest.raises(eosink.CommitStateUnknownError, match="cannot read the markers") as info:
+        read_markers(opts, "ctl", "k/")
+    assert info.value.transient

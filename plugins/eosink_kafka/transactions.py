@@ -189,6 +189,10 @@ def read_markers(
 
     Not ``committed``: every marker record, those of open transactions too (which
     transactional ids of the sink ever wrote markers).
+
+    Raises:
+        CommitStateUnknownError: Kafka could not be read (broker down, no leader for the
+            control topic yet): transient, the core retries the commit.
     """
     base = {
         **opts.client_settings(),
@@ -197,13 +201,44 @@ def read_markers(
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
     }
+    try:
+        return _read_markers(opts, topic, prefix, committed, base)
+    except (KafkaException, SystemError) as exc:
+        # A broker outage (transport failure, no leader yet...): transient, the core retries.
+        kafka_exc = _kafka_exception(exc)
+        err = _err(kafka_exc) if kafka_exc is not None else None
+        raise CommitStateUnknownError(
+            redact(
+                f"cannot read the markers of control topic {topic!r} on "
+                f"{opts.bootstrap_servers}: {err.str() if err is not None else exc}",
+                opts,
+            )
+        ) from None
+
+
+def _read_markers(
+    opts: KafkaSinkOptions, topic: str, prefix: str, committed: bool, base: dict[str, Any]
+) -> dict[str, dict[str, Any]]:
     consumer = Consumer({**base, "isolation.level": "read_uncommitted"}, logger=rdlog)
     reader = consumer
     try:
-        md = consumer.list_topics(topic, timeout=opts.timeout_seconds)
-        parts = sorted(md.topics[topic].partitions) if topic in md.topics else []
+        # A topic error (e.g. LEADER_NOT_AVAILABLE while a broker starts or just after the
+        # topic was created) is waited out for timeout_seconds, then transient.
+        deadline = time.monotonic() + opts.timeout_seconds
+        while True:
+            md = consumer.list_topics(topic, timeout=opts.timeout_seconds)
+            meta = md.topics.get(topic)
+            if meta is None or meta.error is None or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if meta is not None and meta.error is not None:
+            raise CommitStateUnknownError(f"control topic {topic!r}: {meta.error}")
+        parts = sorted(meta.partitions) if meta is not None else []
         if not parts:
-            raise SinkError(f"control topic {topic!r} has no partitions")
+            raise CommitStateUnknownError(
+                f"control topic {topic!r} has no partitions (was it deleted? the sink "
+                "creates it at start)"
+            )
         ends: dict[int, int] = {}
         for p in parts:
             low, high = consumer.get_watermark_offsets(
