@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -168,4 +169,9 @@ def fault_point(name: str, *, first_attempt: bool = True) -> None:
                 fh.flush()
                 os.fsync(fh.fileno())
         sig = os.environ.get("EOSINK_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")
-        os.kill(os.getpid(), signal.SIGSTOP if sig == "STOP" else signal.SIGKILL)
+        # Sent to this thread: a signal sent to the process may be taken by another of its
+        # threads, and this one would run on for a moment (a SIGSTOP at kafka_before_commit
+        # let the commit through). The whole process stops or dies either way.
+        signal.pthread_kill(
+            threading.get_ident(), signal.SIGSTOP if sig == "STOP" else signal.SIGKILL
+        )
