@@ -144,39 +144,120 @@ class CheckpointDir:
             target,
         )
 
-    # -- eosink's lineage marker ---------------------------------------------------------
-    def read_lineage(self) -> str | None:
+    # -- small files of eosink's own (lineage, journal) -------------------------------------
+    def _jp(self, rel: str) -> Any:
+        return self._jpath(f"{self.location.rstrip('/')}/{rel}")
+
+    def read_bytes(self, rel: str) -> bytes | None:
+        """The content of ``<checkpoint>/<rel>``, or None if there is no such file."""
         if self._local is not None:
-            f = self._local / LINEAGE_FILE
-            return str(json.loads(f.read_text())["lineage"]) if f.exists() else None
-        p = self._jpath(f"{self.location}/{LINEAGE_FILE}")
+            try:
+                return (self._local / rel).read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        p = self._jp(rel)
         if not self._fs.exists(p):
             return None
         stream = self._fs.open(p)
         try:
-            data = bytes(
+            return bytes(
                 self._spark.sparkContext._jvm.org.apache.commons.io.IOUtils.toByteArray(stream)
             )
         finally:
             stream.close()
-        return str(json.loads(data)["lineage"])
+
+    def write_bytes(self, rel: str, data: bytes, *, exclusive: bool = False) -> bool:
+        """Write ``<checkpoint>/<rel>`` durably; False if ``exclusive`` and it exists.
+
+        ``exclusive`` is an atomic create: of two drivers creating one name, exactly one
+        succeeds (``O_EXCL`` locally; Hadoop's ``create(path, overwrite=false)``, atomic on
+        HDFS and the other file systems whose create is). Otherwise the file is replaced
+        atomically where the file system renames atomically (locally: a temporary file,
+        fsync, rename), else written in place. A reader never sees a torn local file; on
+        other file systems a torn file is possible after a crash mid-write: readers of
+        eosink's files ignore one that does not parse.
+        """
+        if self._local is not None:
+            path = self._local / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if exclusive:
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    return False
+                try:
+                    os.write(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            else:
+                tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.eosink-tmp")
+                with open(tmp, "wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            _fsync_dir(path.parent)
+            return True
+        p = self._jp(rel)
+        try:
+            out = self._fs.create(p, not exclusive)
+        except Exception as exc:
+            if exclusive and "FileAlreadyExists" in f"{type(exc).__name__} {exc}":
+                return False
+            if exclusive and self._fs.exists(p):
+                return False
+            raise
+        try:
+            out.write(bytearray(data))
+            try:
+                out.hsync()  # durable before it is relied on (HDFS: on the datanodes' disks)
+            except Exception:  # a file system without Syncable streams (object stores)
+                log.debug("checkpoint %s: hsync not supported", self.location)
+        finally:
+            out.close()
+        return True
+
+    def list_names(self, rel: str) -> list[str]:
+        """The names of the files in ``<checkpoint>/<rel>`` (empty if it does not exist)."""
+        if self._local is not None:
+            d = self._local / rel
+            try:
+                return [p.name for p in d.iterdir()]
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+        p = self._jp(rel)
+        if not self._fs.exists(p):
+            return []
+        return [str(s.getPath().getName()) for s in self._fs.listStatus(p)]
+
+    def exists(self, rel: str) -> bool:
+        if self._local is not None:
+            return (self._local / rel).exists()
+        return bool(self._fs.exists(self._jp(rel)))
+
+    def delete(self, rel: str) -> None:
+        """Delete ``<checkpoint>/<rel>`` if it exists."""
+        if self._local is not None:
+            (self._local / rel).unlink(missing_ok=True)
+            return
+        self._fs.delete(self._jp(rel), False)
+
+    # -- eosink's lineage marker ---------------------------------------------------------
+    def read_lineage(self) -> str | None:
+        data = self.read_bytes(LINEAGE_FILE)
+        return None if data is None else str(json.loads(data)["lineage"])
 
     def write_lineage(self) -> str:
         """Create a new lineage id for this checkpoint and persist it durably."""
         lineage = uuid.uuid4().hex
-        body = json.dumps({"lineage": lineage}).encode()
-        if self._local is not None:
-            self._local.mkdir(parents=True, exist_ok=True)
-            tmp = self._local / f".{LINEAGE_FILE}.tmp"
-            with open(tmp, "wb") as fh:
-                fh.write(body)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self._local / LINEAGE_FILE)
-        else:
-            out = self._fs.create(self._jpath(f"{self.location}/{LINEAGE_FILE}"), True)
-            try:
-                out.write(bytearray(body))
-            finally:
-                out.close()
+        self.write_bytes(LINEAGE_FILE, json.dumps({"lineage": lineage}).encode())
         return lineage
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

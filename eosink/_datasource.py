@@ -56,6 +56,7 @@ from pyspark.sql.types import StructType
 
 from . import errors
 from ._checkpoint import CheckpointDir
+from ._journal import Journal
 from ._metastore import BATCH, MetaStore, default_url
 from ._protocol import SinkRuntime
 from ._tasks import run_writer
@@ -253,9 +254,25 @@ def _as_batches(items: Iterator[Any], schema: pa.Schema, size: int = 10_000) -> 
 
 
 class _StreamWriter(_StreamBase):
-    def __init__(self, s: _Setup, base: int, lineage: str, schema: pa.Schema, setup: Any) -> None:
+    def __init__(
+        self,
+        s: _Setup,
+        base: int,
+        lineage: str,
+        schema: pa.Schema,
+        setup: Any,
+        journal: tuple[str, int],
+    ) -> None:
         self.setup = setup
         self.s, self.base, self.lineage, self.schema = s, base, lineage, schema
+        self.journal = journal
+        """(checkpoint location, generation) of the journal the query's start claimed."""
+
+    def _runtime(self) -> SinkRuntime:
+        rt = _runtime(self.s, self.lineage)
+        location, generation = self.journal
+        rt.journal = Journal(CheckpointDir(None, location), self.s.sink_id, generation)
+        return rt
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _Message:
         from pyspark import TaskContext
@@ -267,14 +284,14 @@ class _StreamWriter(_StreamBase):
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         epoch = self.base + batchId
-        rt = _runtime(self.s, self.lineage)
+        rt = self._runtime()
         try:
             _commit_inline(rt, epoch, messages, stream=True)
         finally:
             _close(rt)
 
     def abort(self, messages: list[Any], batchId: int) -> None:
-        rt = _runtime(self.s, self.lineage)
+        rt = self._runtime()
         try:
             if rt.status_of(self.base + batchId) is None:
                 rt.discard(self.base + batchId)
@@ -323,12 +340,13 @@ class EosinkDataSource(DataSource):
         rt = _runtime(s)
         try:
             ckpt = CheckpointDir(SparkSession.getActiveSession(), checkpoint)
-            base = rt.open_stream(ckpt, opts.get("new_checkpoint", "refuse"))
+            base = rt.open_stream(ckpt, opts.get("new_checkpoint", "refuse"), inline=True)
             base = rt.rebase_stream(ckpt, base)
             setup = rt.coordinator.writer_setup(arrow)
         finally:
             _close(rt)
-        return _StreamWriter(s, base, rt.lineage, arrow, setup)
+        assert rt.journal is not None and rt.journal.generation is not None
+        return _StreamWriter(s, base, rt.lineage, arrow, setup, (checkpoint, rt.journal.generation))
 
 
 def register(spark: Any) -> None:

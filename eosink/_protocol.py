@@ -10,6 +10,7 @@ import io
 import logging
 import queue
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ._journal import Entry, Journal
 from ._metastore import ABORTED, BATCH, BATCH_AUTO, BATCH_ORIGINS, COMMITTED, PENDING, MetaStore
 from .errors import (
     EosinkError,
@@ -195,8 +197,19 @@ class SinkRuntime:
     ``batch-auto`` (the next free epoch) or the stream's lineage."""
     adopted_last: int | None = field(init=False, default=None)
     """Set when this meta store took the sink over from the target's marker."""
+    journal: Journal | None = field(init=False, default=None)
+    """A stream's journal in its checkpoint (set by :meth:`open_stream`): what phase 2
+    needs, kept where a driver on another machine finds it, and the fence across machines."""
     _since_gc: int = field(init=False, default=0)
     _marker: dict[str, Any] | None = field(init=False, default=None)
+
+    def assert_live(self) -> None:
+        """Raise :class:`FencedError` if a newer coordinator took the sink over: through the
+        meta store, or (streams) through the journal in the checkpoint, which every driver
+        of the query shares whatever meta store it uses."""
+        self.store.assert_live(self.sink_id, self.generation)
+        if self.journal is not None:
+            self.journal.assert_live()
 
     def start(self) -> None:
         """Check the sink's identity against the meta store and the target, then acquire it.
@@ -289,7 +302,7 @@ class SinkRuntime:
         }
         have = {k: v for k, v in (self._marker or {}).items() if k != "last_epoch"}
         if have != want:
-            self.store.assert_live(self.sink_id, self.generation)
+            self.assert_live()
             self.coordinator.write_marker(want)
             self._marker = want
 
@@ -420,7 +433,7 @@ class SinkRuntime:
             decision = SKIP if rec.status == COMMITTED else FINISH
         # Read first, check fencing second: a skip decided on state that a newer
         # coordinator could have changed is never acted on.
-        self.store.assert_live(self.sink_id, self.generation)
+        self.assert_live()
         return decision
 
     def finish(self, epoch: int) -> EpochFigures:
@@ -440,36 +453,54 @@ class SinkRuntime:
         self.commit_epoch(epoch, c, fig)
         return fig
 
-    def open_stream(self, ckpt: Any, new_checkpoint: str) -> int:
+    def open_stream(self, ckpt: Any, new_checkpoint: str, *, inline: bool = False) -> int:
         """Map the checkpoint's batch ids to sink epochs: return the epoch base.
 
-        A checkpoint seen before keeps its lineage (and base). A fresh checkpoint on a sink
-        with history is refused (rule 5) unless ``new_checkpoint == "continue"``. A resumed
-        query whose next epochs were taken by another run meanwhile (a batch job) moves its
-        base above them.
+        A checkpoint seen before keeps its lineage (and base), from the meta store or, when
+        the store has no record of the sink's streams (a driver on another machine, a lost
+        store), from eosink's journal in the checkpoint (:mod:`eosink._journal`), whose
+        PENDING entries the store lacks are imported: Spark checkpointed their epochs (all of
+        them in ``inline`` mode, where PENDING means complete), so recovery commits them. A
+        fresh checkpoint on a sink with history is refused (rule 6) unless
+        ``new_checkpoint == "continue"``. Either way this driver claims the journal's next
+        generation: every older driver of the query, on any machine, is fenced.
 
         Raises:
             NewCheckpointError: a fresh checkpoint on a sink with history.
-            SinkIdentityError: the meta store lost commits that Spark checkpointed.
+            SinkIdentityError: Spark checkpointed epochs that neither the meta store nor the
+                journal holds (a checkpoint of an eosink without the journal, and a lost
+                store).
         """
         sid = self.sink_id
         rec = self.store.sink(sid)
         assert rec is not None
+        journal = Journal(ckpt, sid)
         lineage = ckpt.read_lineage()
         last_batch = ckpt.last_committed_batch()
         nxt = 0 if last_batch is None else last_batch + 1
+        if lineage is not None and rec.lineage is None:
+            kept = journal.state()
+            if kept is not None and kept.get("lineage") == lineage:
+                log.warning(
+                    "sink %s: meta store %s has no record of this sink's stream on checkpoint "
+                    "%s (a driver on another machine, or another meta store); resuming from "
+                    "eosink's journal in the checkpoint (epoch base %d)",
+                    sid,
+                    self.store.url_redacted,
+                    ckpt.location,
+                    int(kept["epoch_base"]),
+                )
+                self.store.set_lineage(sid, self.generation, lineage, int(kept["epoch_base"]))
+                rec = self.store.sink(sid)
+                assert rec is not None
         if lineage is not None and rec.lineage == lineage:
             base = rec.epoch_base
             self.lineage = lineage
-            if self.adopted_last is not None and base + nxt - 1 > self.adopted_last:
-                raise SinkIdentityError(
-                    f"sink {sid!r}: Spark checkpointed epochs up to {base + nxt - 1}, but the "
-                    f"target holds commits up to {self.adopted_last} only, and the meta store "
-                    f"{self.store.url_redacted} that recorded the rest is not this one (lost or "
-                    "another). Run with the original meta store (metastore_url=) to finish "
-                    "them; or, accepting that those epochs are lost, start from a new "
-                    "checkpoint_location with new_checkpoint='continue'"
-                )
+            self._attach(journal, base)
+            checkpointed = base + nxt - 1
+            self._import_journal(sys.maxsize if inline else checkpointed)
+            self._check_checkpointed(ckpt, base, checkpointed)
+            self.write_marker()
             return base
         last = self.store.max_epoch(sid)
         if last >= 0:
@@ -497,17 +528,94 @@ class SinkRuntime:
             fault_point("after_lineage_written")
         self.lineage = lineage
         self.store.set_lineage(sid, self.generation, lineage, base)
+        self._attach(journal, base)
         self.write_marker()
         return base
 
+    def _attach(self, journal: Journal, base: int) -> None:
+        """Claim the journal's next generation (fencing older drivers) with the stream's
+        lineage and base, and keep the journal for phase 1 and the fence checks."""
+        gen = journal.claim(self.lineage, base)
+        self.journal = journal
+        log.info(
+            "sink %s: journal in checkpoint %s, generation %d (epoch base %d)",
+            self.sink_id,
+            journal.ckpt.location,
+            gen,
+            base,
+        )
+
+    def _import_journal(self, upto: int) -> None:
+        """Persist PENDING the journal's entries up to epoch ``upto`` that the store lacks."""
+        assert self.journal is not None
+        have = {r.epoch for r in self.store.epochs(self.sink_id)}
+        for e, ent in sorted(self.journal.entries().items()):
+            if e > upto or e in have or ent.origin != self.lineage:
+                continue
+            log.warning(
+                "sink %s epoch %d: PENDING in the checkpoint's journal, unknown to meta store "
+                "%s; taking it from the journal (it is committed by the recovery)",
+                self.sink_id,
+                e,
+                self.store.url_redacted,
+            )
+            self.store.persist_pending(
+                self.sink_id,
+                self.generation,
+                e,
+                ent.committable,
+                ent.codec_version,
+                rows=ent.rows,
+                files=ent.files,
+                nbytes=ent.bytes,
+                batch_end_at=ent.batch_end_at,
+                pre_commit_ms=ent.pre_commit_ms,
+                origin=ent.origin,
+            )
+
+    def _check_checkpointed(self, ckpt: Any, base: int, checkpointed: int) -> None:
+        """Refuse when Spark checkpointed an epoch of this stream that no record holds.
+
+        Epochs below the journal's oldest entry are committed (an entry is deleted only once
+        a later epoch is committed); so are those at or below the store's floor (garbage-
+        collected, or known from the target's marker). Every other epoch up to
+        ``checkpointed`` needs its row.
+        """
+        assert self.journal is not None
+        entries = self.journal.entries()
+        sink = self.store.sink(self.sink_id)
+        assert sink is not None
+        floor = max(sink.gc_floor, min(entries) - 1 if entries else -1, base - 1)
+        if checkpointed <= floor:
+            return
+        have = {r.epoch for r in self.store.epochs(self.sink_id)}
+        missing = [e for e in range(floor + 1, checkpointed + 1) if e not in have]
+        if missing:
+            raise SinkIdentityError(
+                f"sink {self.sink_id!r}: Spark checkpointed epochs up to {checkpointed}, but "
+                f"epoch(s) {_span(missing)} are neither in meta store "
+                f"{self.store.url_redacted} nor in eosink's journal in checkpoint "
+                f"{ckpt.location} (a checkpoint written by an eosink without the journal, with "
+                "its meta store lost or another one given). Run with the original meta store "
+                "(metastore_url=) to finish them; or, accepting that those epochs are lost, "
+                "start from a new checkpoint_location with new_checkpoint='continue'"
+            )
+
     def rebase_stream(self, ckpt: Any, base: int) -> int:
-        """After recovery: move the stream's base above epochs other runs used meanwhile."""
+        """After recovery: move the stream's base above epochs other runs used meanwhile.
+
+        Other runs' epochs are the store's rows of another origin, and the epochs the store
+        knows only from the target's marker (:attr:`adopted_last`) beyond what this query
+        checkpointed: its own epochs there would have rows (from the store or the journal).
+        """
         last_batch = ckpt.last_committed_batch()
         nxt = 0 if last_batch is None else last_batch + 1
         rows = self.store.epochs(self.sink_id)
         if any(r.origin in (None, self.lineage) and r.epoch >= base + nxt for r in rows):
             return base  # this query's own epochs ahead (inline commit before the checkpoint)
         top = max((r.epoch for r in rows if r.origin not in (None, self.lineage)), default=-1)
+        if self.adopted_last is not None:
+            top = max(top, self.adopted_last)
         if top < base + nxt:
             return base
         new_base = top + 1 - nxt
@@ -519,6 +627,8 @@ class SinkRuntime:
             top + 1,
         )
         self.store.set_lineage(self.sink_id, self.generation, self.lineage, new_base)
+        if self.journal is not None:
+            self._attach(self.journal, new_base)
         self.write_marker()
         return new_base
 
@@ -529,7 +639,7 @@ class SinkRuntime:
             return 0
         wait = None if everything else c.next_roll_in()
         if everything or (wait is not None and wait <= 0):
-            self.store.assert_live(self.sink_id, self.generation)
+            self.assert_live()
             n = c.roll(everything)
             if n:
                 log.info(
@@ -617,7 +727,7 @@ class SinkRuntime:
 
     def _abort(self, epoch: int, committable: Any) -> bool:
         """Call the plugin's abort; False (row stays ABORTED, retried next start) if it raised."""
-        self.store.assert_live(self.sink_id, self.generation)
+        self.assert_live()
         try:
             self.coordinator.abort(epoch, committable)
             return True
@@ -669,6 +779,25 @@ class SinkRuntime:
         fault_point("after_pre_commit")
         batch_end = time.time()
         pre_ms = (time.perf_counter() - t0) * 1000
+        if self.journal is not None and self.lineage not in BATCH_ORIGINS:
+            # Before the PENDING row, so before Spark's checkpoint: a driver on another
+            # machine finishes the epoch from the checkpoint alone.
+            self.journal.assert_live()
+            assert self.journal.generation is not None
+            self.journal.record(
+                Entry(
+                    epoch=epoch,
+                    generation=self.journal.generation,
+                    committable=data,
+                    codec_version=self.plugin.committable_codec.version,
+                    rows=rows,
+                    files=files,
+                    bytes=nbytes,
+                    batch_end_at=batch_end,
+                    pre_commit_ms=pre_ms,
+                    origin=self.lineage,
+                )
+            )
         self.store.persist_pending(
             self.sink_id,
             self.generation,
@@ -719,7 +848,7 @@ class SinkRuntime:
         """Phase 2: commit (retried with backoff while transient) and mark COMMITTED."""
         fig = fig or self.figures.get(epoch) or EpochFigures(epoch)
         fault_point("before_commit")
-        self.store.assert_live(self.sink_id, self.generation)
+        self.assert_live()
         t0 = time.perf_counter()
         delay = 0.05
         # The retry window starts at the first failure: an attempt that itself waited long
@@ -747,13 +876,23 @@ class SinkRuntime:
             delay = min(delay * 2, 5.0)
             # A retry may start over with the target (e.g. fence a Kafka transactional id):
             # never after another coordinator took the sink over.
-            self.store.assert_live(self.sink_id, self.generation)
+            self.assert_live()
         fault_point("after_commit")
         fig.commit_ms = (time.perf_counter() - t0) * 1000
         self.store.mark_committed(self.sink_id, self.generation, epoch, commit_ms=fig.commit_ms)
         fig.committed_at = time.time()
         self.figures[epoch] = fig
         fault_point("after_mark_committed")
+        if self.journal is not None:
+            try:  # the newest committed epoch's entry stays: older ones are committed
+                self.journal.forget_before(epoch)
+            except Exception:  # a leftover entry is re-committed idempotently, never lost
+                log.warning(
+                    "sink %s: cannot delete journal entries below epoch %d in the checkpoint",
+                    self.sink_id,
+                    epoch,
+                    exc_info=True,
+                )
         log.info(
             "sink %s epoch %d: COMMITTED (rows=%d files=%d commit=%.1fms visibility_lag=%.3fs)",
             self.sink_id,
@@ -889,3 +1028,14 @@ class AsyncCommitter:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
+
+
+def _span(epochs: list[int]) -> str:
+    """``3``, ``3-7`` or ``3, 5, 9-12``: epochs as runs."""
+    runs: list[list[int]] = []
+    for e in epochs:
+        if runs and runs[-1][1] == e - 1:
+            runs[-1][1] = e
+        else:
+            runs.append([e, e])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

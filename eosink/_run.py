@@ -204,7 +204,7 @@ def _start_stream(
     spark = df.sparkSession
     ckpt = CheckpointDir(spark, checkpoint_location)
     ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
-    base = runtime.open_stream(ckpt, new_checkpoint)
+    base = runtime.open_stream(ckpt, new_checkpoint, inline=commit_mode == "inline")
     last = ckpt.last_committed_batch()
     first = base + (0 if last is None else last + 1)
     # Inline mode may have crashed in the middle of a commit: every PENDING epoch holds

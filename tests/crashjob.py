@@ -118,7 +118,8 @@ def main() -> int:
         time.sleep(0.2)
     print(f"EXECUTORS {executors}", flush=True)
     schema = SCHEMA
-    opts: dict[str, object] = {"metastore_url": a.metastore}
+    # "default": eosink's own default meta store ($EOSINK_HOME, else ~/.eosink: the machine's)
+    opts: dict[str, object] = {} if a.metastore == "default" else {"metastore_url": a.metastore}
     if a.sink == "file":
         opts.update(path=a.out, format=a.format)
     elif a.sink == "kafka":

@@ -76,6 +76,18 @@ class Job:
         self.sink_options = dict(sink_options or {})
         self.extra = extra
         self.logs: list[str] = []
+        self.machine: Path | None = None
+        """Set by :meth:`on_machine`: the driver's HOME, TMPDIR and working directory."""
+
+    def on_machine(self, name: str) -> Path:
+        """Run the next drivers as on another machine ``name``: their own HOME, TMPDIR and
+        working directory under ``tmp/machines/<name>`` (and no EOSINK_HOME), so the default
+        meta store (``metastore="default"``) is that machine's; only the checkpoint, the
+        input and the target are shared. Returns the machine's HOME."""
+        self.machine = self.tmp / "machines" / name
+        for d in ("home", "tmp", "work"):
+            (self.machine / d).mkdir(parents=True, exist_ok=True)
+        return self.machine / "home"
 
     def argv(self) -> list[str]:
         extra = dict(self.extra)
@@ -125,7 +137,12 @@ class Job:
         self.saw_pending = False
         with open(log, "w") as fh:
             proc = subprocess.Popen(
-                self.argv(), env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv(),
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=None if self.machine is None else self.machine / "work",
             )
             try:
                 if kill_in_protocol is not None:
@@ -163,15 +180,31 @@ class Job:
             if submit:
                 env["PYSPARK_SUBMIT_ARGS"] = submit
         self.marks = self.tmp / f"faults-{len(self.logs)}"
-        self.marks.mkdir()
+        self.marks.mkdir(exist_ok=True)
         env["EOSINK_FAULT_MARK"] = str(self.marks)
         if fault:
             env["EOSINK_FAULT"] = fault
+        if self.machine is not None:
+            env.pop("EOSINK_HOME", None)
+            env["HOME"] = str(self.machine / "home")
+            env["TMPDIR"] = str(self.machine / "tmp")
         return env
+
+    @property
+    def metastore_url(self) -> str:
+        """The meta store the next driver uses (``default``: its machine's own)."""
+        if self.metastore != "default":
+            return self.metastore
+        home = (
+            self.machine / "home" / ".eosink"
+            if self.machine is not None
+            else Path(os.environ["EOSINK_HOME"])
+        )
+        return f"sqlite:///{home / 'metastore.db'}"
 
     def _state(self) -> list[tuple[str, int]]:
         try:
-            states = epoch_states(self.metastore, self.sink_id)
+            states = epoch_states(self.metastore_url, self.sink_id)
         except Exception:  # no schema yet
             return []
         return sorted((s, e) for s, epochs in states.items() for e in epochs)
@@ -189,13 +222,27 @@ class Job:
                 return
             time.sleep(0.02)
 
-    def run_overlapping(self, timeout: float = 300) -> tuple[int, int, str, str]:
+    def run_overlapping(
+        self,
+        timeout: float = 300,
+        machines: tuple[str, str] | None = None,
+        generation: Any = None,
+    ) -> tuple[int, int, str, str]:
         """Start driver A; once A persisted its first PENDING epoch (it is inside the
         protocol), start driver B of the same job. A's micro-batches after its first are held
         on its executors until B has taken the sink over (the sink's generation went up), so
         B always fences a live A whatever the machine's speed. Wait for both; return
-        (code A, code B, log A, log B), logs also in ``logs``."""
+        (code A, code B, log A, log B), logs also in ``logs``. ``machines``: A and B run on
+        these two machines (:meth:`on_machine`); ``generation``: how to read the sink's
+        generation (default: the meta store's)."""
+        generation_of = generation or self._generation
+        if machines:
+            self.on_machine(machines[0])
         env = self._env(None)
+        env_b = env
+        if machines:
+            self.on_machine(machines[1])
+            env_b = self._env(None)
         hold = self.tmp / "hold-a"
         hold.touch()
         procs: list[subprocess.Popen[bytes]] = []
@@ -209,18 +256,21 @@ class Job:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                cwd=Path(run_env["TMPDIR"]).parent / "work" if machines else None,
             )
             procs.append(proc)
             return proc
 
         try:
             a = start(dict(env, CRASHJOB_HOLD=str(hold)), handles[0])
+            if machines:
+                self.on_machine(machines[0])
             self._wait_for_protocol(a, timeout)
-            generation = self._generation()
-            b = start(env, handles[1])
+            generation = generation_of()
+            b = start(env_b, handles[1])
             deadline = time.monotonic() + timeout
             while b.poll() is None and time.monotonic() < deadline:
-                if self._generation() > generation:
+                if generation_of() > generation:
                     break
                 time.sleep(0.05)
             hold.unlink()
@@ -241,7 +291,7 @@ class Job:
     def _generation(self) -> int:
         import sqlalchemy as sa
 
-        eng = sa.create_engine(self.metastore)
+        eng = sa.create_engine(self.metastore_url)
         try:
             with eng.connect() as c:
                 g = c.execute(
@@ -278,15 +328,23 @@ class Job:
         return f"file:{self.target.rstrip('/')}"
 
     def kafka_staged(self) -> list[str]:
-        """Files a kafka sink job left under its staging directory (``staging_path`` of the
-        sink options, ``<sink key>/<epoch>/<attempt>/part-*``), relative to it."""
+        """Files a kafka sink job left under its staging location (``staging_path`` of the
+        sink options, a directory or ``s3://bucket/prefix`` read with boto3; unset, the
+        sink's default: ``<checkpoint>/eosink/staging`` for a stream,
+        ``$EOSINK_HOME/kafka-staging`` for a batch), ``<sink key>/<epoch>/<attempt>/part-*``
+        relative to it."""
         import hashlib
 
         key = hashlib.sha1(self.sink_id.encode()).hexdigest()[:16]  # the sink's own naming
-        root = Path(self.sink_options["staging_path"]) / key
-        if not root.exists():
-            return []
-        return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        staging = self.sink_options.get("staging_path")
+        if staging is None and self.mode == "batch":
+            machine = getattr(self, "machine", None)  # a driver "on another machine"
+            home = machine / "home" / ".eosink" if machine else Path(os.environ["EOSINK_HOME"])
+            staging = str(home / "kafka-staging")
+        elif staging is None:
+            staging = f"{self.checkpoint.resolve()}/eosink/staging"
+        root = Output(f"{str(staging).rstrip('/')}/{key}", self.sink_options.get("s3_endpoint_url"))
+        return sorted(root.objects())
 
     def output(self) -> Output:
         """The file sink's output, read without eosink (local disk or boto3)."""
@@ -313,7 +371,13 @@ class Job:
         return self.logs[-1][-6000:] if self.logs else ""
 
 
-def run_with_random_kills(job: Job, rng: random.Random, window: float, attempts: int = 4) -> None:
+def run_with_random_kills(
+    job: Job,
+    rng: random.Random,
+    window: float,
+    attempts: int = 4,
+    before_run: Any = None,
+) -> None:
     """Run ``job`` with its driver killed at random instants, then until it exits 0.
 
     Kills alternate between an instant drawn from the first change of the sink's meta store
@@ -324,6 +388,8 @@ def run_with_random_kills(job: Job, rng: random.Random, window: float, attempts:
     """
     in_protocol = 0
     for attempt in range(attempts):
+        if before_run is not None:
+            before_run()
         if attempt % 2 == 0:
             code = job.run(kill_in_protocol=rng.uniform(0.0, window))
             # Killed, and the kill came after this run's first PENDING epoch.
@@ -334,6 +400,8 @@ def run_with_random_kills(job: Job, rng: random.Random, window: float, attempts:
         if code == 0:
             break
     assert in_protocol >= 1, "no kill landed after the run's first PENDING epoch"
+    if before_run is not None:
+        before_run()
     assert job.run() == 0, job.last_log()
 
 

@@ -137,7 +137,7 @@ def check_topic(
         assert extra, "no aborted record: the crash left no open transaction"
 
     assert job.kafka_staged() == []
-    states = epoch_states(job.metastore, job.sink_id)
+    states = epoch_states(job.metastore_url, job.sink_id)
     assert states.get("COMMITTED"), states
     assert "PENDING" not in states and "ABORTED" not in states, states
 

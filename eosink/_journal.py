@@ -1,0 +1,206 @@
+"""The stream's journal in its checkpoint: what phase 2 needs, where every driver finds it.
+
+On a cluster the driver is restarted elsewhere (a new Kubernetes pod, a YARN retry, a
+re-created job cluster): its local disk, and with it a default SQLite meta store, is gone;
+the checkpoint location and the target are what survives. So everything phase 2 needs for
+an epoch Spark checkpointed is also written here, through the checkpoint's own file system
+(local, or Spark's Hadoop FileSystem: HDFS, S3A, ABFS, GCS), **before** the epoch's PENDING
+row and so before Spark's checkpoint of it::
+
+    <checkpoint>/eosink/<sink key>/generations/<N>.json     one per driver start (atomic create):
+                                                            lineage, epoch base, sink id
+    <checkpoint>/eosink/<sink key>/pending/<epoch>.<N>.json  the epoch's committable and figures
+
+**Fencing across machines.** Every driver of the query claims the next generation number
+with an atomic create (of two drivers claiming one number, one succeeds, the other takes the
+next one). A driver whose generation is no longer the newest is a zombie: it gets
+:class:`~eosink.errors.FencedError` wherever the meta store's fence is checked (before every
+commit, abort, roll and epoch decision), whatever meta store it uses.
+
+**Recovery.** An entry is deleted once a later epoch is committed (the newest committed
+epoch's entry stays). So the journal holds the newest committed epoch and every epoch not
+known committed: epochs of the lineage below its oldest entry are committed. A driver whose
+meta store has no row of an entry's epoch (a new machine, a lost store) imports the entry as
+PENDING when Spark checkpointed the epoch (any entry in ``inline`` mode, where PENDING means
+complete), and the recovery rule commits it (idempotently) as if the row had never been
+lost. Which store is right when both know an epoch: the meta store (it has every transition;
+the journal only ever adds what the store lost).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ._checkpoint import CheckpointDir
+from .errors import FencedError
+
+log = logging.getLogger("eosink")
+
+__all__ = ["Entry", "Journal"]
+
+_KEEP_GENERATIONS = 3
+"""Generation files kept (older ones are deleted; a zombie still sees a newer one)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One epoch's PENDING record as the journal keeps it."""
+
+    epoch: int
+    generation: int
+    committable: bytes
+    codec_version: int
+    rows: int
+    files: int
+    bytes: int
+    batch_end_at: float
+    pre_commit_ms: float
+    origin: str
+
+
+class Journal:
+    """eosink's journal of one sink in one streaming checkpoint (see the module docstring).
+
+    Thread safety: :meth:`record`, :meth:`forget_before` and :meth:`assert_live` may run on
+    the batch thread and the committer thread at once (they touch different files).
+    """
+
+    def __init__(self, ckpt: CheckpointDir, sink_id: str, generation: int | None = None) -> None:
+        self.ckpt = ckpt
+        self.sink_id = sink_id
+        self.dir = f"eosink/{hashlib.sha1(sink_id.encode()).hexdigest()[:16]}"
+        self.generation = generation
+
+    # -- generations -----------------------------------------------------------------------
+    def _generations(self) -> list[int]:
+        names = self.ckpt.list_names(f"{self.dir}/generations")
+        return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+    def state(self) -> dict[str, Any] | None:
+        """The newest readable generation's record (lineage, epoch_base...), or None."""
+        for g in reversed(self._generations()):
+            raw = self.ckpt.read_bytes(f"{self.dir}/generations/{g:012d}.json")
+            try:
+                data = json.loads(raw or b"")
+            except ValueError:
+                log.warning("checkpoint %s: ignoring a torn journal file", self.ckpt.location)
+                continue
+            if isinstance(data, dict) and data.get("sink_id") == self.sink_id:
+                return data
+        return None
+
+    def claim(self, lineage: str, epoch_base: int) -> int:
+        """Become the newest generation of this sink's drivers on this checkpoint.
+
+        Every other driver (on any machine) is fenced from now on. Returns the generation.
+        """
+        while True:
+            n = max(self._generations(), default=0) + 1
+            body = json.dumps(
+                {
+                    "sink_id": self.sink_id,
+                    "generation": n,
+                    "lineage": lineage,
+                    "epoch_base": epoch_base,
+                    "owner": f"{socket.gethostname()}:{os.getpid()}",
+                    "at": time.time(),
+                },
+                sort_keys=True,
+            ).encode()
+            if self.ckpt.write_bytes(f"{self.dir}/generations/{n:012d}.json", body, exclusive=True):
+                break
+        self.generation = n
+        for old in self._generations()[:-_KEEP_GENERATIONS]:
+            try:
+                self.ckpt.delete(f"{self.dir}/generations/{old:012d}.json")
+            except Exception:  # best effort: a leftover costs nothing
+                log.debug("cannot delete an old journal generation", exc_info=True)
+        return n
+
+    def assert_live(self) -> None:
+        """Raise :class:`FencedError` if a newer driver claimed the sink on this checkpoint."""
+        if self.generation is None:
+            return
+        newest = max(self._generations(), default=0)
+        if newest > self.generation:
+            raise FencedError(
+                f"sink {self.sink_id!r}: this driver (checkpoint generation {self.generation}) "
+                f"was fenced by a newer one (generation {newest}) of the query on checkpoint "
+                f"{self.ckpt.location}; this zombie changes nothing"
+            )
+
+    # -- entries ---------------------------------------------------------------------------
+    def record(self, entry: Entry) -> None:
+        """Write ``entry`` durably (before the epoch's PENDING row)."""
+        body = json.dumps(
+            {
+                "sink_id": self.sink_id,
+                "epoch": entry.epoch,
+                "generation": entry.generation,
+                "committable": base64.b64encode(entry.committable).decode(),
+                "codec_version": entry.codec_version,
+                "rows": entry.rows,
+                "files": entry.files,
+                "bytes": entry.bytes,
+                "batch_end_at": entry.batch_end_at,
+                "pre_commit_ms": entry.pre_commit_ms,
+                "origin": entry.origin,
+            }
+        ).encode()
+        name = f"{entry.epoch:012d}.{entry.generation}.json"
+        self.ckpt.write_bytes(f"{self.dir}/pending/{name}", body)
+
+    def _names(self) -> list[tuple[int, int, str]]:
+        out = []
+        for name in self.ckpt.list_names(f"{self.dir}/pending"):
+            parts = name.split(".")
+            if len(parts) == 3 and parts[2] == "json" and parts[0].isdigit() and parts[1].isdigit():
+                out.append((int(parts[0]), int(parts[1]), name))
+        return out
+
+    def entries(self) -> dict[int, Entry]:
+        """Every epoch's entry (of its newest generation that reads back whole)."""
+        newest: dict[int, list[tuple[int, str]]] = {}
+        for epoch, gen, name in self._names():
+            newest.setdefault(epoch, []).append((gen, name))
+        out: dict[int, Entry] = {}
+        for epoch, names in newest.items():
+            for gen, name in sorted(names, reverse=True):
+                raw = self.ckpt.read_bytes(f"{self.dir}/pending/{name}")
+                try:
+                    d = json.loads(raw or b"")
+                    out[epoch] = Entry(
+                        epoch=int(d["epoch"]),
+                        generation=gen,
+                        committable=base64.b64decode(d["committable"]),
+                        codec_version=int(d["codec_version"]),
+                        rows=int(d["rows"]),
+                        files=int(d["files"]),
+                        bytes=int(d["bytes"]),
+                        batch_end_at=float(d["batch_end_at"]),
+                        pre_commit_ms=float(d["pre_commit_ms"]),
+                        origin=str(d["origin"]),
+                    )
+                    break
+                except (ValueError, KeyError, TypeError):
+                    # Torn by a crash while it was written: its epoch was never persisted.
+                    log.warning(
+                        "checkpoint %s: ignoring the torn journal entry %s",
+                        self.ckpt.location,
+                        name,
+                    )
+        return out
+
+    def forget_before(self, epoch: int) -> None:
+        """Delete the entries of epochs below ``epoch`` (called once ``epoch`` is committed)."""
+        for e, _gen, name in self._names():
+            if e < epoch:
+                self.ckpt.delete(f"{self.dir}/pending/{name}")

@@ -1,0 +1,175 @@
+"""A driver that restarts on another machine: only the checkpoint and the target survive.
+
+On a cluster a driver is restarted elsewhere (a Kubernetes pod, a YARN attempt, a re-created
+job cluster): its HOME, and so eosink's default meta store (``~/.eosink/metastore.db``), is
+new. Each run here is such a driver: default settings (no ``metastore_url``), its own HOME,
+TMPDIR and working directory (:meth:`harness.Job.on_machine`), killed with SIGKILL at a
+fault point between ``after_persist`` and ``after_mark_committed`` (the epochs phase 2 owes)
+or at random instants, and the next run starts on yet another machine. It must finish every
+checkpointed epoch by itself, from eosink's journal in the checkpoint: exact (an independent
+reader compares the output with the input row by row), never refused, nothing staged left.
+
+Two drivers of one stream on two machines at once (a zombie pod and its replacement) fence
+each other through the checkpoint's journal, whatever meta store each has.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Job, epoch_states, make_input, read_ids, run_with_random_kills, staged_files
+
+pytestmark = pytest.mark.crash
+
+# Every point between PENDING and COMMITTED, each in a run on a new machine; the restart's
+# first commit is often the recovery's commit of an epoch it took from the journal.
+CHAIN = [
+    "after_persist@2",
+    "before_commit@1",
+    "mid_commit@1",
+    "after_commit@1",
+    "after_mark_committed@1",
+    "before_commit@2",
+]
+# The other sinks: the points where their own code runs.
+SHORT_CHAIN = ["after_persist@2", "before_commit@1", "mid_commit@1", "after_mark_committed@1"]
+FILES = 8  # input files: one micro-batch each, enough for the whole chain
+
+
+def moving_chain(job: Job, faults: list[str]) -> None:
+    """Run ``job`` once per fault, each on a new machine, then to the end on another one."""
+    for n, fault in enumerate(faults):
+        job.on_machine(f"m{n}")
+        code = job.run(fault=fault)
+        assert job.fired() == [fault.split("@")[0]], f"fault {fault} not reached:\n{job.last_log()}"
+        if job.mode == "ds-stream":
+            assert code != 0, job.last_log()  # Spark runs the commit in a worker: it dies
+        else:
+            assert code == -9, f"the driver survived {fault} (exit {code}):\n{job.last_log()}"
+    job.on_machine("last")
+    assert job.run() == 0, job.last_log()
+    logs = "\n".join(job.logs)
+    assert "SinkIdentityError" not in logs and "NewCheckpointError" not in logs
+    # Later drivers took epochs from the journal (their meta stores were new, empty).
+    assert "PENDING in the checkpoint's journal" in logs
+
+
+def check_files(job: Job, expected: list[int], partitioned: bool) -> None:
+    got = read_ids(job.out, partitioned)
+    assert got == expected, (
+        f"{len(got)} rows read back, {len(expected)} written; "
+        f"missing {sorted(set(expected) - set(got))[:10]}, "
+        f"duplicated {sorted({i for i in got if got.count(i) > 1})[:10]}"
+    )
+    assert staged_files(job.out) == []
+    check_states(job)
+
+
+def check_states(job: Job) -> None:
+    """The last machine's meta store has every epoch COMMITTED, none PENDING or ABORTED,
+    and the journal holds no entry but the newest committed epoch's."""
+    states = epoch_states(job.metastore_url, job.sink_id)
+    assert states.get("COMMITTED"), states
+    assert "PENDING" not in states and "ABORTED" not in states, states
+    pending = sorted(job.checkpoint.glob("eosink/*/pending/*.json"))
+    assert [int(p.name.split(".")[0]) for p in pending] == [max(states["COMMITTED"])], pending
+
+
+@pytest.mark.parametrize(
+    ("mode", "commit_mode", "faults"),
+    [
+        pytest.param("stream", "after_checkpoint", CHAIN, id="stream"),
+        pytest.param("stream", "inline", ["after_persist@2", "mid_commit@1"], id="inline"),
+        pytest.param("ds-stream", "", ["after_persist@2", "mid_commit@2"], id="format-eosink"),
+    ],
+)
+def test_file_sink_driver_moves(
+    tmp_path: Path, mode: str, commit_mode: str, faults: list[str]
+) -> None:
+    extra = {"commit_mode": commit_mode} if commit_mode else {}
+    job = Job(tmp_path, mode, "default", partition_by="grp", **extra)
+    expected = make_input(job.input, files=FILES, rows=50)
+    moving_chain(job, faults)
+    check_files(job, expected, partitioned=True)
+
+
+def test_iceberg_driver_moves(tmp_path: Path) -> None:
+    from test_iceberg import iceberg_rows, orphan_files
+
+    job = Job(tmp_path, "stream", "default", sink="iceberg")
+    expected = make_input(job.input, files=FILES, rows=50)
+    moving_chain(job, SHORT_CHAIN)
+    opts = job.iceberg_options()
+    assert sorted(r["id"] for r in iceberg_rows(opts)) == expected
+    assert orphan_files(opts) == []
+    check_states(job)
+
+
+def test_kafka_driver_moves(tmp_path: Path, kafka: Any) -> None:
+    from test_kafka_crash import check_topic, kafka_job
+
+    job, _topic = kafka_job(kafka, tmp_path, "stream", "default")
+    expected = make_input(job.input, files=FILES, rows=50)
+    moving_chain(job, [*SHORT_CHAIN[:2], "kafka_before_commit@2", *SHORT_CHAIN[2:]])
+    check_topic(job, expected, per_epoch=50, aborted=True)
+    check_states(job)
+
+
+def test_driver_moves_at_random_instants(tmp_path: Path) -> None:
+    """SIGKILL at random instants, every run on a new machine."""
+    job = Job(tmp_path, "stream", "default")
+    expected = make_input(job.input, files=6)
+    machines = iter(range(100))
+    run_with_random_kills(
+        job,
+        random.Random("driver-moves"),
+        window=2.5,
+        before_run=lambda: job.on_machine(f"m{next(machines)}"),
+    )
+    check_files(job, expected, partitioned=False)
+
+
+def _journal_generation(checkpoint: Path) -> int:
+    gens = [int(p.stem) for p in checkpoint.glob("eosink/*/generations/*.json")]
+    return max(gens, default=0)
+
+
+def test_two_drivers_on_two_machines(tmp_path: Path) -> None:
+    """Driver A (machine a) is inside the protocol when driver B of the same stream starts on
+    machine b, each with its own default meta store: B fences A through the checkpoint's
+    journal; A stops without changing anything; a final run completes; every row once."""
+    job = Job(tmp_path, "stream", "default")
+    expected = make_input(job.input, files=4, rows=25)
+    code_a, _, log_a, log_b = job.run_overlapping(
+        machines=("a", "b"), generation=lambda: _journal_generation(job.checkpoint)
+    )
+    assert code_a != 0, (log_a[-3000:], log_b[-3000:])
+    assert re.search(r"FencedError.*checkpoint generation", log_a), (log_a[-3000:], log_b[-3000:])
+    job.on_machine("c")
+    assert job.run() == 0, job.last_log()
+    check_files(job, expected, partitioned=False)
+
+
+def test_journal_lives_in_the_checkpoint(tmp_path: Path) -> None:
+    """What the journal holds after a clean run, readable by anyone: the generation files
+    (lineage, epoch base) and the newest committed epoch's entry only."""
+    job = Job(tmp_path, "stream", "default")
+    job.on_machine("m0")
+    make_input(job.input, files=3, rows=10)
+    assert job.run() == 0, job.last_log()
+    gens = sorted(job.checkpoint.glob("eosink/*/generations/*.json"))
+    assert len(gens) == 1
+    state = json.loads(gens[0].read_text())
+    assert state["sink_id"] == job.sink_id and state["epoch_base"] == 0
+    lineage = json.loads((job.checkpoint / "eosink-lineage.json").read_text())["lineage"]
+    assert state["lineage"] == lineage
+    entries = sorted(job.checkpoint.glob("eosink/*/pending/*.json"))
+    assert [p.name.split(".")[0] for p in entries] == ["000000000002"]
+    # No meta store outside the machine's HOME; nothing in the shared places but the journal.
+    assert not (job.checkpoint / "eosink" / "metastore.db").exists()
+    assert (job.machine / "home" / ".eosink" / "metastore.db").exists()  # type: ignore[operator]
