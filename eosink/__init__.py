@@ -36,6 +36,7 @@ from .registry import SinkInfo, get_sink, list_sinks
 from .sink import (
     Codec,
     CoordinatedSinkWriter,
+    JournalHome,
     JsonCodec,
     Prepared,
     Rolling,
@@ -92,6 +93,7 @@ __all__ = [
     "EpochFigures",
     "FencedError",
     "InvalidTransitionError",
+    "JournalHome",
     "JsonCodec",
     "MetaStoreError",
     "MetaStoreUnavailableError",

@@ -190,6 +190,8 @@ def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: 
         )
         rt.discard(epoch)
         return
+    if not stream:
+        rt.use_batch_journal()
     codec = rt.plugin.write_result_codec
     msgs = [m for m in messages if isinstance(m, _Message) and m.result is not None]
     results = [codec.decode(m.result, codec.version) for m in msgs if m.result is not None]

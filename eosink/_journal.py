@@ -73,10 +73,17 @@ class Journal:
     the batch thread and the committer thread at once (they touch different files).
     """
 
-    def __init__(self, ckpt: CheckpointDir, sink_id: str, generation: int | None = None) -> None:
+    def __init__(
+        self,
+        ckpt: CheckpointDir,
+        sink_id: str,
+        generation: int | None = None,
+        *,
+        prefix: str = "eosink/",
+    ) -> None:
         self.ckpt = ckpt
         self.sink_id = sink_id
-        self.dir = f"eosink/{hashlib.sha1(sink_id.encode()).hexdigest()[:16]}"
+        self.dir = f"{prefix}{hashlib.sha1(sink_id.encode()).hexdigest()[:16]}"
         self.generation = generation
 
     # -- generations -----------------------------------------------------------------------
@@ -204,3 +211,27 @@ class Journal:
         for e, _gen, name in self._names():
             if e < epoch:
                 self.ckpt.delete(f"{self.dir}/pending/{name}")
+
+    # -- batch epochs (the batch journal beside the target: sink.JournalHome) ---------------
+    def forget(self, epoch: int) -> None:
+        """Delete the entries of ``epoch``."""
+        for e, _gen, name in self._names():
+            if e == epoch:
+                self.ckpt.delete(f"{self.dir}/pending/{name}")
+
+    def mark_committed(self, epoch: int, origin: str) -> None:
+        """Record that batch epoch ``epoch`` (of ``origin``) is committed; drop its entry."""
+        self.ckpt.write_bytes(f"{self.dir}/committed/{epoch:012d}.{origin}", b"")
+        self.forget(epoch)
+
+    def committed_origin(self, epoch: int) -> str | None:
+        """The origin of committed batch epoch ``epoch`` (``batch``, ``batch-auto``), or None."""
+        for origin in ("batch", "batch-auto"):
+            if self.ckpt.exists(f"{self.dir}/committed/{epoch:012d}.{origin}"):
+                return origin
+        return None
+
+    def committed_high(self) -> int:
+        """The newest committed batch epoch recorded, or -1."""
+        names = self.ckpt.list_names(f"{self.dir}/committed")
+        return max((int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()), default=-1)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ._checkpoint import CheckpointDir
 from ._journal import Entry, Journal
 from ._metastore import ABORTED, BATCH, BATCH_AUTO, BATCH_ORIGINS, COMMITTED, PENDING, MetaStore
 from .errors import (
@@ -31,6 +32,7 @@ from .errors import (
 )
 from .faults import fault_point
 from .sink import (
+    JournalHome,
     Prepared,
     Rolling,
     SinkCommitCoordinator,
@@ -200,8 +202,37 @@ class SinkRuntime:
     journal: Journal | None = field(init=False, default=None)
     """A stream's journal in its checkpoint (set by :meth:`open_stream`): what phase 2
     needs, kept where a driver on another machine finds it, and the fence across machines."""
+    batch_journal: Journal | None = field(init=False, default=None)
+    """The batch journal beside the target (:class:`~eosink.sink.JournalHome`), for the
+    batch runs of a sink whose target has one (set by :meth:`use_batch_journal`)."""
     _since_gc: int = field(init=False, default=0)
     _marker: dict[str, Any] | None = field(init=False, default=None)
+
+    def use_batch_journal(self) -> None:
+        """Open the target's batch journal (once) and take from it the PENDING batch epochs
+        this meta store lacks: a crashed batch run's, on another machine or store."""
+        if self.batch_journal is not None or not isinstance(self.coordinator, JournalHome):
+            return
+        location = self.coordinator.journal_location()
+        if not location:
+            return
+        self.batch_journal = Journal(CheckpointDir(None, location), self.sink_id, prefix="")
+        have = {r.epoch for r in self.store.epochs(self.sink_id)}
+        for e, ent in sorted(self.batch_journal.entries().items()):
+            if e in have or ent.origin not in BATCH_ORIGINS:
+                continue
+            if self.batch_journal.committed_origin(e) is not None:
+                self.batch_journal.forget(e)  # committed; the entry's deletion was cut short
+                continue
+            log.warning(
+                "sink %s epoch %d: a crashed batch run's PENDING epoch, in the target's batch "
+                "journal (%s) but unknown to meta store %s; taking it from the journal",
+                self.sink_id,
+                e,
+                location,
+                self.store.url_redacted,
+            )
+            self._persist_entry(ent)
 
     def assert_live(self) -> None:
         """Raise :class:`FencedError` if a newer coordinator took the sink over: through the
@@ -361,6 +392,7 @@ class SinkRuntime:
                 data complete (now committed).
         """
         sid = self.sink_id
+        self.use_batch_journal()
         if epoch is None:
             self.lineage = BATCH_AUTO
             crashed = [r for r in self.store.epochs(sid, (PENDING,)) if r.origin == BATCH_AUTO]
@@ -392,6 +424,16 @@ class SinkRuntime:
                     f"{self.store.stream_high(sid)}, or leave epoch unset (the next free one)"
                 )
             return {COMMITTED: SKIP, PENDING: FINISH}.get(rec.status, WRITE), epoch
+        was = self.batch_journal.committed_origin(epoch) if self.batch_journal else None
+        if was == BATCH:
+            return SKIP, epoch  # committed by a batch run the meta store does not know
+        if was == BATCH_AUTO:
+            raise SinkIdentityError(
+                f"epoch {epoch} of sink {sid!r} was given to an earlier run without epoch= "
+                "(the target's batch journal says so), so eosink cannot tell whether this run "
+                f"repeats it. Pick an unused epoch (above {self.store.max_epoch(sid)} is always "
+                "free), and keep either explicit or automatic epochs on one sink"
+            )
         high = self.store.stream_high(sid)
         if epoch <= high:
             raise SinkIdentityError(
@@ -559,19 +601,23 @@ class SinkRuntime:
                 e,
                 self.store.url_redacted,
             )
-            self.store.persist_pending(
-                self.sink_id,
-                self.generation,
-                e,
-                ent.committable,
-                ent.codec_version,
-                rows=ent.rows,
-                files=ent.files,
-                nbytes=ent.bytes,
-                batch_end_at=ent.batch_end_at,
-                pre_commit_ms=ent.pre_commit_ms,
-                origin=ent.origin,
-            )
+            self._persist_entry(ent)
+
+    def _persist_entry(self, ent: Entry) -> None:
+        """Persist a journal entry PENDING in the meta store (as its run had)."""
+        self.store.persist_pending(
+            self.sink_id,
+            self.generation,
+            ent.epoch,
+            ent.committable,
+            ent.codec_version,
+            rows=ent.rows,
+            files=ent.files,
+            nbytes=ent.bytes,
+            batch_end_at=ent.batch_end_at,
+            pre_commit_ms=ent.pre_commit_ms,
+            origin=ent.origin,
+        )
 
     def _check_checkpointed(self, ckpt: Any, base: int, checkpointed: int) -> None:
         """Refuse when Spark checkpointed an epoch of this stream that no record holds.
@@ -798,6 +844,22 @@ class SinkRuntime:
                     origin=self.lineage,
                 )
             )
+        if self.batch_journal is not None and self.lineage in BATCH_ORIGINS:
+            # Before the PENDING row: a re-run on another machine finishes the epoch.
+            self.batch_journal.record(
+                Entry(
+                    epoch=epoch,
+                    generation=self.generation,
+                    committable=data,
+                    codec_version=self.plugin.committable_codec.version,
+                    rows=rows,
+                    files=files,
+                    bytes=nbytes,
+                    batch_end_at=batch_end,
+                    pre_commit_ms=pre_ms,
+                    origin=self.lineage,
+                )
+            )
         self.store.persist_pending(
             self.sink_id,
             self.generation,
@@ -883,6 +945,10 @@ class SinkRuntime:
         fig.committed_at = time.time()
         self.figures[epoch] = fig
         fault_point("after_mark_committed")
+        if self.batch_journal is not None:
+            rec = self.store.epoch(self.sink_id, epoch)
+            if rec is not None and rec.origin in BATCH_ORIGINS:
+                self.batch_journal.mark_committed(epoch, rec.origin)
         if self.journal is not None:
             try:  # the newest committed epoch's entry stays: older ones are committed
                 self.journal.forget_before(epoch)

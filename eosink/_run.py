@@ -128,6 +128,7 @@ def run(
     try:
         runtime.start()
         if not streaming:
+            _warn_if_unfenced(df, store, sid)
             try:
                 return _run_batch(df, runtime, schema, epoch)
             finally:
@@ -290,4 +291,27 @@ def _trigger(trigger: dict[str, Any] | str | None) -> dict[str, Any] | None:
     raise ConfigError(
         f"trigger={trigger!r} is not a trigger; use {{'processingTime': '5 seconds'}} (or "
         "'5 seconds'), {'availableNow': True} (or 'availableNow'), {'once': True} (or 'once')"
+    )
+
+
+def _warn_if_unfenced(df: DataFrame, store: MetaStore, sink_id: str) -> None:
+    """A batch run on a cluster with a meta store on the driver's own disk: say what it
+    cannot do (streams have their checkpoint's journal; a batch run has none)."""
+    if store.engine.dialect.name != "sqlite":
+        return
+    try:
+        master = str(df.sparkSession.conf.get("spark.master", None) or "local")
+    except Exception:  # no such setting (Spark Connect may hide it): nothing to say
+        return
+    if master.startswith("local"):
+        return
+    log.warning(
+        "sink %s: a batch run on a cluster (master %s) with the meta store %s, a SQLite file "
+        "on this driver's disk: a driver of this sink on another machine does not see it, so "
+        "two drivers at once do not fence each other, and a re-run elsewhere knows only what "
+        "the target records (the file sink's batch journal). Give every driver one shared "
+        "meta store: metastore_url='postgresql+psycopg://...' (pip install 'eosink[postgres]')",
+        sink_id,
+        master,
+        store.url_redacted,
     )

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Codec",
     "CoordinatedSinkWriter",
+    "JournalHome",
     "JsonCodec",
     "Prepared",
     "Rolling",
@@ -373,6 +374,29 @@ class TargetMarker(ABC):
     @abstractmethod
     def write_marker(self, marker: dict[str, Any]) -> None:
         """Store ``marker`` durably in the target, keeping the current ``last_epoch``."""
+
+
+class JournalHome(ABC):
+    """Optional mixin for a coordinator: a directory beside the target for the batch journal.
+
+    A batch run has no checkpoint, and on a cluster its driver may be restarted on another
+    machine, with a new (default, local) meta store. The core keeps a journal of the sink's
+    batch epochs in this directory: each epoch's committable before its PENDING row, and a
+    record once it is COMMITTED. A batch job re-run with the same ``epoch=`` on another
+    machine then finishes a crashed run's epoch, or skips a committed one, exactly as with
+    the original meta store. (Streams keep their journal in their checkpoint.)
+
+    Contract:
+        * The directory is reached by every driver of the sink: it lives with the target
+          (the file sink: ``<path>/_eosink/journal``), never on a driver's local disk.
+        * It is a local path (or a mount); return None where the target has none (an object
+          store): the core then relies on the meta store alone.
+        * The sink never reads, lists as data, or deletes what the core writes there.
+    """
+
+    @abstractmethod
+    def journal_location(self) -> str | None:
+        """The batch journal's directory, or None."""
 
 
 @dataclass(frozen=True)

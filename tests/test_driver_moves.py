@@ -76,6 +76,11 @@ def check_states(job: Job) -> None:
     states = epoch_states(job.metastore_url, job.sink_id)
     assert states.get("COMMITTED"), states
     assert "PENDING" not in states and "ABORTED" not in states, states
+    if job.mode == "batch":  # the batch journal beside the files: epoch 5 recorded committed
+        journal = job.out / "_eosink" / "journal"
+        assert list(journal.glob("*/pending/*")) == []
+        assert [p.name for p in journal.glob("*/committed/*")] == ["000000000005.batch"]
+        return
     pending = sorted(job.checkpoint.glob("eosink/*/pending/*.json"))
     assert [int(p.name.split(".")[0]) for p in pending] == [max(states["COMMITTED"])], pending
 
@@ -173,3 +178,26 @@ def test_journal_lives_in_the_checkpoint(tmp_path: Path) -> None:
     # No meta store outside the machine's HOME; nothing in the shared places but the journal.
     assert not (job.checkpoint / "eosink" / "metastore.db").exists()
     assert (job.machine / "home" / ".eosink" / "metastore.db").exists()  # type: ignore[operator]
+
+
+def test_batch_rerun_on_another_machine(tmp_path: Path) -> None:
+    """A batch job (``epoch=5``) crashed at each point between PENDING and COMMITTED is
+    re-run on a new machine each time: the target's batch journal finishes the crashed
+    run's epoch (never written twice, never refused); a re-run after success, on yet
+    another machine, is a no-op."""
+    job = Job(tmp_path, "batch", "default")
+    expected = make_input(job.input, files=3, rows=40)
+    for n, fault in enumerate(["after_persist", "mid_commit", "after_commit"]):
+        job.on_machine(f"m{n}")
+        assert job.run(fault=fault) == -9, job.last_log()
+        assert job.fired() == [fault]
+    job.on_machine("last")
+    assert job.run() == 0, job.last_log()
+    assert "taking it from the journal" in "\n".join(job.logs)
+    assert "recovered=True" in job.last_log()
+    check_files(job, expected, partitioned=False)
+    job.on_machine("again")
+    assert job.run() == 0, job.last_log()
+    assert "skipped=True" in job.last_log()
+    assert read_ids(job.out) == expected
+    assert "SinkIdentityError" not in "\n".join(job.logs)
