@@ -175,13 +175,16 @@ def test_same_sink_id_for_another_target_is_refused(spark, tmp_path: Path, home:
 
 
 def test_lost_meta_store_batch_epochs(spark, tmp_path: Path) -> None:
-    """A batch sink whose meta store is replaced: the target's marker is adopted; an epoch
-    it cannot tell about is refused; the next free epoch is above the marker."""
+    """A batch sink whose meta store is replaced: the target's marker is adopted; a re-run of
+    a committed epoch is a no-op (the file sink's batch journal records it); an epoch it
+    cannot tell about is refused; the next free epoch is above the marker."""
     out = str(tmp_path / "out")
     m1, m2 = f"sqlite:///{tmp_path / 'm1.db'}", f"sqlite:///{tmp_path / 'm2.db'}"
     eosink.run(spark.range(0, 5), sink="file", path=out, epoch=7, metastore_url=m1)
+    again = eosink.run(spark.range(0, 5), sink="file", path=out, epoch=7, metastore_url=m2)
+    assert isinstance(again, BatchResult) and again.skipped and again.rows == 0
     with pytest.raises(SinkIdentityError, match="cannot tell"):
-        eosink.run(spark.range(0, 5), sink="file", path=out, epoch=7, metastore_url=m2)
+        eosink.run(spark.range(0, 5), sink="file", path=out, epoch=6, metastore_url=m2)
     r = eosink.run(spark.range(5, 8), sink="file", path=out, metastore_url=m2)
     assert isinstance(r, BatchResult) and r.epoch == 8
     # m1 is now behind the target: refused, it is not the store the sink was written with.
