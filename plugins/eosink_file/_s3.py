@@ -7,16 +7,16 @@ boto3's default chain.
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eosink import MissingExtraError, SinkError
+from eosink import SinkError
+from eosink._s3 import local_tmp_dir as local_tmp_dir
+from eosink._s3 import s3_client, split_s3
 
 if TYPE_CHECKING:
     from .plugin import FileSinkOptions
@@ -25,33 +25,6 @@ log = logging.getLogger("eosink.file")
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 """S3's smallest part (every part of a multipart upload but the last)."""
-
-
-def split_s3(path: str) -> tuple[str, str]:
-    """``s3://bucket/a/b/`` -> ``("bucket", "a/b")``."""
-    rest = path.removeprefix("s3://").removeprefix("s3a://")
-    bucket, _, prefix = rest.partition("/")
-    return bucket, prefix.strip("/")
-
-
-@functools.lru_cache(maxsize=16)
-def _client(
-    endpoint: str | None, region: str | None, key: str | None, secret: str | None, token: str | None
-) -> Any:
-    try:
-        import boto3
-        from botocore.config import Config
-    except ImportError as exc:  # pragma: no cover - exercised without the extra
-        raise MissingExtraError("boto3", "s3", "the file sink on s3://") from exc
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name=region,
-        aws_access_key_id=key,
-        aws_secret_access_key=secret,
-        aws_session_token=token,
-        config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32),
-    )
 
 
 @dataclass(frozen=True)
@@ -82,7 +55,7 @@ class S3Store:
 
     @property
     def client(self) -> Any:
-        return _client(*self._args)
+        return s3_client(*self._args, what="the file sink on s3://")
 
     def key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
@@ -297,11 +270,3 @@ class S3Store:
             for u in page.get("Uploads", []) or []:
                 out.append((self.rel(u["Key"]), str(u["UploadId"])))
         return out
-
-
-def local_tmp_dir() -> Path:
-    """A private local directory for files on their way to S3."""
-    import tempfile
-
-    base = os.environ.get("EOSINK_TMPDIR") or None
-    return Path(tempfile.mkdtemp(prefix="eosink-s3-", dir=base))
