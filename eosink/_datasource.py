@@ -59,6 +59,7 @@ from ._checkpoint import CheckpointDir
 from ._journal import Journal
 from ._metastore import BATCH, MetaStore, default_url
 from ._protocol import SinkRuntime
+from ._staging import resolve_staging_path
 from ._tasks import run_writer
 from .errors import ConfigError, EosinkError
 from .registry import get_sink
@@ -146,6 +147,11 @@ def _setup(raw: dict[str, str], checkpoint: str | None) -> _Setup:
     if "path" in opts:
         sink_opts["path"] = opts["path"]
     options = plugin.parse_options(_declared_keys(plugin, sink_opts))
+    # The driver side runs in a Python worker without a SparkSession: the master is unknown
+    # (a batch write's default staging is then this machine's; the sink verifies it).
+    options = resolve_staging_path(
+        options, sink=plugin.name, checkpoint_location=checkpoint, master=None
+    )
     return _Setup(
         plugin,
         options,

@@ -18,6 +18,7 @@ from ._handles import BatchResult, StreamingHandle
 from ._metastore import MetaStore, default_url
 from ._protocol import AsyncCommitter, Epoch, EpochFigures, SinkRuntime
 from ._session import arrow_schema
+from ._staging import resolve_staging_path, spark_master
 from ._write import Written, write_epoch
 from .errors import ConfigError
 from .registry import get_sink
@@ -120,6 +121,13 @@ def run(
             raise ConfigError("trigger and checkpoint_location are for streaming DataFrames")
         if epoch is not None and epoch < 0:
             raise ConfigError(f"epoch must be >= 0, not {epoch}")
+    # A sink's unset staging_path: under the stream's checkpoint, or refused on a cluster.
+    options = resolve_staging_path(
+        options,
+        sink=plugin.name,
+        checkpoint_location=checkpoint_location if streaming else None,
+        master=lambda: spark_master(df.sparkSession),
+    )
     store = MetaStore(
         metastore_url or default_url(checkpoint_location if streaming else None),
         retry_s=metastore_retry_s,

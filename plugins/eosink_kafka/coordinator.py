@@ -12,10 +12,8 @@ driver never needs to finish a transaction a dead one opened (librdkafka cannot)
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +22,7 @@ from eosink import (
     FencedError,
     Prepared,
     SinkCommitCoordinator,
+    SinkError,
     SparkWriter,
     StagedEpochs,
     TargetMarker,
@@ -31,7 +30,16 @@ from eosink import (
 )
 
 from .options import KafkaSinkOptions, check_columns, sink_key
-from .staging import chunks_of, fsync_path, read_chunk, staged_file_info, staging_root
+from .staging import (
+    LocalStage,
+    S3Stage,
+    Stage,
+    chunks_of,
+    fsync_path,
+    read_chunk,
+    stage_of,
+    staged_file_info,
+)
 
 __all__ = ["KafkaCoordinator", "make_coordinator", "validate_schema"]
 
@@ -99,7 +107,7 @@ class KafkaCoordinator(
         self.opts = opts
         self.sink_id = sink_id
         self.key = sink_key(sink_id)
-        self.staging = staging_root(opts, sink_id)
+        self.stage = stage_of(opts)
         self.control_topic = opts.control(sink_id)
         self.admin = Admin(opts)
         self.slots: dict[int, Any] = {}
@@ -148,6 +156,7 @@ class KafkaCoordinator(
 
     def init(self) -> None:
         """Fence every id of the pool (aborting lingering transactions), read the markers."""
+        self.stage.ensure(self.key)  # first: a missing bucket is a configuration error
         if self.opts.topic is not None:
             self.admin.check_topic(self.opts.topic)
         self.cluster = self.admin.cluster_id()
@@ -155,7 +164,6 @@ class KafkaCoordinator(
         # Every id of the pool, and every id of the sink that ever wrote a marker (a larger
         # pool of an earlier run): fenced, lingering transactions aborted.
         self._ready(range(self.opts.transactions))
-        self.staging.mkdir(parents=True, exist_ok=True)
         log.info(
             "kafka sink %s: %d transactional id(s) eosink-%s-<n> ready; control topic %s",
             self.sink_id,
@@ -195,19 +203,25 @@ class KafkaCoordinator(
     def spark_write_unsupported(self, schema: pa.Schema) -> str | None:
         if self.opts.writer == "python":
             return "the kafka sink's option writer='python'"
+        if isinstance(self.stage, S3Stage):
+            return (
+                "the kafka sink stages on S3 (Spark has no s3:// file system without "
+                "hadoop-aws): the Python writers upload through boto3"
+            )
         return None
 
     def write_with_spark(
         self, df: Any, epoch: int, attempt: str, setup: Any
     ) -> list[dict[str, Any]]:
         """Spark's Parquet writer stages the epoch's records (one file per partition)."""
-        stage = self.staging / str(epoch) / attempt
+        assert isinstance(self.stage, LocalStage)
+        root = self.stage.root
+        stage = root / self.key / str(epoch) / attempt
         df.write.mode("errorifexists").option(
             "mapreduce.fileoutputcommitter.marksuccessfuljobs", "false"
         ).parquet(str(stage))
-        root = Path(self.opts.staging_path)
         files: list[dict[str, Any]] = []
-        for p in sorted(stage.glob("part-*")):
+        for p in sorted(stage.glob("part-*")) if stage.is_dir() else []:
             if not p.is_file():
                 continue
             rows, size = staged_file_info(p)
@@ -219,36 +233,62 @@ class KafkaCoordinator(
         if self.opts.fsync:
             with ThreadPoolExecutor(max_workers=8) as pool:
                 list(pool.map(fsync_path, [root / str(f["staged"]) for f in files]))
-            fsync_path(stage)
+            if stage.is_dir():
+                fsync_path(stage)
         return [{"files": files}]
+
+    def check_spark_write(self, epoch: int, results: Sequence[dict[str, Any]], rows: int) -> None:
+        """The rows of the staged files this driver found must be the rows Spark wrote: on a
+        cluster whose ``staging_path`` is not shared, the executors' files are elsewhere,
+        and the epoch is refused before it is persisted."""
+        seen = sum(int(f["rows"]) for r in results for f in r["files"])
+        if seen != rows:
+            raise SinkError(
+                f"kafka sink epoch {epoch}: Spark staged {rows} rows under {self.stage.url}, "
+                f"but this driver finds {seen} there: staging_path is not shared by the "
+                "executors and the driver. Nothing was published; set staging_path to a "
+                "location every node reaches (a shared mount, or s3://bucket/prefix)"
+            )
 
     # -- the protocol ----------------------------------------------------------------------
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
-        root = Path(self.opts.staging_path)
+        """The committable: the chunks of every slot, and the staging location they are in
+        (a later run finds them there even if its own ``staging_path`` differs)."""
         files = sorted((f for r in results for f in r["files"]), key=lambda f: str(f["staged"]))
+        # Before anything is persisted: the driver must see what the executors staged.
+        self.stage.check_visible(files)
         slots: dict[str, list[list[Any]]] = {}
         rows = nbytes = 0
         for i, f in enumerate(files):
             raw = f.get("raw")
             if raw is None:
-                _, raw = staged_file_info(root / f["staged"])
+                _, raw = self.stage.file_info(f["staged"])
             chunks = chunks_of(f["staged"], int(f["rows"]), int(raw), self.opts.chunk_bytes)
             slots.setdefault(str(i % self.opts.transactions), []).extend(chunks)
             rows += int(f["rows"])
             nbytes += int(raw)
         n_chunks = sum(len(c) for c in slots.values())
-        return Prepared({"slots": slots, "rows": rows}, files=n_chunks, bytes=nbytes)
+        committable = {"slots": slots, "rows": rows, "root": self.stage.url}
+        return Prepared(committable, files=n_chunks, bytes=nbytes)
+
+    def _stage_of(self, committable: dict[str, Any] | None) -> Stage:
+        """Where an epoch's files are: the committable's root (older committables have
+        none: this run's ``staging_path``)."""
+        root = (committable or {}).get("root")
+        if root is None or root == self.stage.url:
+            return self.stage
+        return stage_of(self.opts, str(root))
 
     def commit(self, epoch: int, committable: dict[str, Any]) -> None:
         """Publish every chunk its slot's marker does not cover; idempotent by the markers."""
+        stage = self._stage_of(committable)
         slots = {int(n): chunks for n, chunks in committable["slots"].items() if chunks}
         if not slots:
-            shutil.rmtree(self.staging / str(epoch), ignore_errors=True)
+            stage.delete_epoch(self.key, epoch, None)
             return
         from .transactions import covered
 
         self._ready(slots)
-        root = Path(self.opts.staging_path)
 
         def publish(n: int) -> None:
             slot = self._slot(n)
@@ -257,7 +297,7 @@ class KafkaCoordinator(
             for index, chunk in enumerate(chunks):
                 if covered(slot.marker, epoch, index):
                     continue
-                records = read_chunk(root, chunk, self.opts.topic, cache)
+                records = read_chunk(stage, chunk, self.opts.topic, cache)
                 slot.publish(epoch, index, index == len(chunks) - 1, records)
                 if index == 0:
                     fault_point("mid_commit")
@@ -275,25 +315,23 @@ class KafkaCoordinator(
         if errors:
             fenced = [e for e in errors if isinstance(e, FencedError)]
             raise (fenced or errors)[0]
-        shutil.rmtree(self.staging / str(epoch), ignore_errors=True)
+        stage.delete_epoch(self.key, epoch, None)
 
     def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
-        """Delete the epoch's staged files (nothing of it was ever produced)."""
-        target = self.staging / str(epoch)
+        """Delete the epoch's staged files (nothing of it was ever produced): in this run's
+        staging location and in the committable's, if that is another."""
+        stages = [self.stage]
         try:
-            victims = sorted(p for p in target.rglob("*") if p.is_file())
-            for i, p in enumerate(victims):
-                p.unlink(missing_ok=True)
-                if i == 0:
-                    fault_point("mid_abort")
-            shutil.rmtree(target, ignore_errors=True)
+            other = self._stage_of(committable)
+            if other is not self.stage:
+                stages.append(other)
+            for stage in stages:
+                stage.delete_epoch(self.key, epoch, lambda: fault_point("mid_abort"))
         except Exception:
             log.exception("kafka sink: abort of epoch %d could not delete its staged data", epoch)
 
     def staged_epochs(self) -> Iterable[int]:
-        if not self.staging.is_dir():
-            return []
-        return [int(p.name) for p in self.staging.iterdir() if p.name.isdigit()]
+        return self.stage.epochs(self.key)
 
     def close(self) -> None:
         for slot in self.slots.values():
@@ -304,4 +342,11 @@ def make_coordinator(opts: KafkaSinkOptions, sink_id: str) -> KafkaCoordinator:
     from .options import require_kafka
 
     require_kafka()
+    if opts.staging_on_s3:
+        try:
+            import boto3  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - exercised without the extra
+            from eosink import MissingExtraError
+
+            raise MissingExtraError("boto3", "s3", "the kafka sink's staging on s3://") from exc
     return KafkaCoordinator(opts, sink_id)

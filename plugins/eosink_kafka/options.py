@@ -8,7 +8,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from eosink._s3 import S3Options, is_s3, normalize_s3, split_s3
 
 __all__ = [
     "COLUMNS",
@@ -40,13 +42,7 @@ def sink_key(sink_id: str) -> str:
     return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
 
 
-def _default_staging() -> str:
-    from eosink._metastore.store import eosink_home
-
-    return str(eosink_home() / "kafka-staging")
-
-
-class KafkaSinkOptions(BaseModel):
+class KafkaSinkOptions(S3Options):
     """Options of the ``kafka`` sink.
 
     The DataFrame's columns are those of Spark's own Kafka sink: ``value`` (string or
@@ -77,15 +73,26 @@ class KafkaSinkOptions(BaseModel):
             Transactions stay short: ``transaction.timeout.ms`` must leave room for a chunk
             at 1 MiB/s.
         staging_path: where the writers stage an epoch's records before the commit
-            publishes them (Parquet files; deleted once published or aborted). Default
-            ``$EOSINK_HOME/kafka-staging``. On a cluster it must be a directory every
-            executor and the driver see (a shared file system).
+            publishes them (Parquet files; deleted once published or aborted): a local or
+            mounted directory, or ``s3://bucket/prefix`` (boto3, extra ``eosink[s3]``;
+            staged by the Python writers, with the ``s3_*`` options). Default (None): a
+            stream's under its checkpoint location (``<checkpoint>/eosink/staging``, an
+            ``s3a://`` checkpoint giving ``s3://``); a batch run's
+            ``$EOSINK_HOME/kafka-staging`` on a local master, and on any other master the
+            run is refused until it is set. On a cluster it must be a location every
+            executor and the driver reach (a shared mount or S3).
         writer: ``auto`` (default): Spark writes the staged files (the native path) under
-            ``eosink.run``, Python writers in Spark tasks under ``format("eosink")``;
-            ``spark`` or ``python`` force one.
-        fsync: fsync staged files before the epoch is checkpointed.
+            ``eosink.run``, Python writers in Spark tasks under ``format("eosink")`` and
+            for staging on S3; ``spark`` or ``python`` force one.
+        fsync: fsync staged files before the epoch is checkpointed (local staging).
         timeout_seconds: how long one Kafka operation (init, commit, marker read) may take
             before it counts as failed (and the commit is retried).
+        s3_endpoint_url: ``s3://`` staging: the S3 endpoint (default: AWS's).
+        s3_region: ``s3://`` staging: the region (default: boto3's configuration).
+        s3_access_key_id: ``s3://`` staging: the access key (default: boto3's credential
+            chain).
+        s3_secret_access_key: ``s3://`` staging: the secret key; never logged or stored.
+        s3_session_token: ``s3://`` staging: a session token; never logged or stored.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -96,7 +103,7 @@ class KafkaSinkOptions(BaseModel):
     control_topic: str | None = Field(default=None, min_length=1)
     transactions: int = Field(default=4, ge=1, le=64)
     chunk_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
-    staging_path: str = Field(default_factory=_default_staging, min_length=1)
+    staging_path: str | None = Field(default=None, min_length=1)
     writer: Literal["auto", "spark", "python"] = "auto"
     fsync: bool = True
     timeout_seconds: float = Field(default=30.0, gt=0)
@@ -131,13 +138,39 @@ class KafkaSinkOptions(BaseModel):
 
     @field_validator("staging_path")
     @classmethod
-    def _staging(cls, v: str) -> str:
+    def _staging(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if is_s3(v):
+            if not split_s3(v)[0]:
+                raise ValueError(f"{v!r} names no bucket; use s3://bucket/prefix")
+            return normalize_s3(v)
         if "://" in v and not v.startswith("file://"):
             raise ValueError(
-                "staging_path is a local (or shared, mounted) directory; got "
-                f"{v.split('://')[0]}://"
+                "staging_path is a local (or shared, mounted) directory or s3://bucket/prefix; "
+                f"got {v.split('://')[0]}://"
             )
         return str(Path(v.removeprefix("file://")).expanduser().resolve())
+
+    @model_validator(mode="after")
+    def _s3(self) -> KafkaSinkOptions:
+        given = self.s3_options_set()
+        if self.staging_path is not None and not self.staging_on_s3 and given:
+            raise ValueError(
+                f"{', '.join(given)} only apply to staging on s3:// "
+                f"(staging_path={self.staging_path!r})"
+            )
+        if self.staging_on_s3 and self.writer == "spark":
+            raise ValueError(
+                "writer='spark' cannot stage on s3:// (Spark would need hadoop-aws and its own "
+                "S3A credentials); use writer='auto': the Python writers upload through boto3"
+            )
+        return self
+
+    @property
+    def staging_on_s3(self) -> bool:
+        """Whether the staging location is an S3 prefix."""
+        return self.staging_path is not None and self.staging_path.startswith("s3://")
 
     @model_validator(mode="after")
     def _timeout(self) -> KafkaSinkOptions:

@@ -1,34 +1,56 @@
 """Staging an epoch's records (Parquet files), cutting them into chunks, reading them back.
 
-Layout under ``staging_path``::
+Layout under ``staging_path`` (a local or mounted directory, or ``s3://bucket/prefix`` with
+the same keys)::
 
     <sink key>/<epoch>/<attempt>/part-*.parquet
 
 An epoch's records are staged by Spark's Parquet writer on the driver's job (the native
-path: the rows never leave the JVM) or by Python writers in Spark tasks
-(``format("eosink")``). One file holds the rows of one Spark partition, in order. The
-coordinator cuts each file into *chunks* of at most ``chunk_bytes`` (by the row sizes in the
-Parquet footer) and gives every chunk of one file to the same transactional id, in order,
-so records of one partition (and so of one key, for a DataFrame partitioned by key) keep
-their order.
+path: the rows never leave the JVM; local staging only) or by Python writers in Spark tasks
+(``format("eosink")``, staging on S3, ``writer="python"``). One file holds the rows of one
+Spark partition, in order. The coordinator cuts each file into *chunks* of at most
+``chunk_bytes`` (by the row sizes in the Parquet footer) and gives every chunk of one file
+to the same transactional id, in order, so records of one partition (and so of one key, for
+a DataFrame partitioned by key) keep their order.
+
+:class:`Stage` is the staging location: :class:`LocalStage` (a directory; files fsync'd) or
+:class:`S3Stage` (objects through boto3; a Python writer writes its file to a private local
+directory, then uploads it in ``finish_write``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
-from collections.abc import Iterator
+import socket
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eosink import CoordinatedSinkWriter, SinkError, WriterContext
+from eosink import ConfigError, CoordinatedSinkWriter, SinkError, WriterContext
+from eosink._s3 import local_tmp_dir, s3_client, split_s3
 
 from .options import COLUMNS, KafkaSinkOptions, sink_key
 
-__all__ = ["KafkaWriter", "Record", "chunks_of", "fsync_path", "read_chunk", "staged_file_info"]
+__all__ = [
+    "KafkaWriter",
+    "LocalStage",
+    "Record",
+    "S3Stage",
+    "Stage",
+    "chunks_of",
+    "fsync_path",
+    "read_chunk",
+    "stage_of",
+    "staged_file_info",
+]
+
+log = logging.getLogger("eosink.kafka")
 
 Record = tuple[Any, Any, Any, Any, Any]
 """(topic, value, key, headers, partition) of one record, as produced."""
@@ -43,22 +65,240 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def staging_root(opts: KafkaSinkOptions, sink_id: str) -> Path:
-    return Path(opts.staging_path) / sink_key(sink_id)
+class Stage(ABC):
+    """Where the staged files of every sink using one ``staging_path`` live.
+
+    Paths are *rels*: ``<sink key>/<epoch>/<attempt>/part-*.parquet``, relative to
+    :attr:`url`. Thread safety: the methods may be called from several threads.
+    """
+
+    url: str
+    """The root: an absolute local directory or ``s3://bucket/prefix``."""
+
+    @abstractmethod
+    def ensure(self, key: str) -> None:
+        """Make the sink's part of the location usable (or raise saying why not)."""
+
+    @abstractmethod
+    def read_table(self, rel: str) -> pa.Table | None:
+        """The staged file ``rel``, or None if it is gone."""
+
+    @abstractmethod
+    def file_info(self, rel: str) -> tuple[int, int]:
+        """(rows, uncompressed bytes) of the staged file ``rel``, from its footer."""
+
+    @abstractmethod
+    def epochs(self, key: str) -> list[int]:
+        """The epochs with anything staged for sink ``key``."""
+
+    @abstractmethod
+    def delete_epoch(self, key: str, epoch: int, after_first: Callable[[], None] | None) -> None:
+        """Delete everything staged for ``epoch`` of sink ``key``; ``after_first`` is called
+        once the first file is deleted (a fault point)."""
+
+    def check_visible(self, files: Sequence[dict[str, Any]]) -> None:
+        """Raise unless this driver sees every file of ``files`` (write results), as written.
+
+        Raises:
+            SinkError: a staged file is missing or has another size (the location is not
+                shared by the executors and the driver).
+        """
+        return None  # object stores are reached by every node
+
+
+class LocalStage(Stage):
+    """A local (or mounted) directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def ensure(self, key: str) -> None:
+        try:
+            (self.root / key).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"the kafka sink cannot stage in {self.root} ({exc.strerror}): set "
+                "staging_path to a directory this user can write (on a cluster, one every "
+                "node mounts) or to s3://bucket/prefix"
+            ) from None
+
+    def read_table(self, rel: str) -> pa.Table | None:
+        path = self.root / rel
+        if not path.exists():
+            return None
+        return pq.read_table(path)
+
+    def file_info(self, rel: str) -> tuple[int, int]:
+        return staged_file_info(self.root / rel)
+
+    def epochs(self, key: str) -> list[int]:
+        d = self.root / key
+        if not d.is_dir():
+            return []
+        return [int(p.name) for p in d.iterdir() if p.name.isdigit()]
+
+    def delete_epoch(self, key: str, epoch: int, after_first: Callable[[], None] | None) -> None:
+        target = self.root / key / str(epoch)
+        if after_first is not None:
+            victims = sorted(p for p in target.rglob("*") if p.is_file())
+            for i, p in enumerate(victims):
+                p.unlink(missing_ok=True)
+                if i == 0:
+                    after_first()
+        shutil.rmtree(target, ignore_errors=True)
+
+    def check_visible(self, files: Sequence[dict[str, Any]]) -> None:
+        for f in files:
+            path = self.root / str(f["staged"])
+            try:
+                size: int | None = path.stat().st_size
+            except FileNotFoundError:
+                size = None
+            if size != int(f["bytes"]):
+                host = f.get("host")
+                by = f" by a task on {host}" if host else ""
+                seen = "is not there" if size is None else f"has {size} bytes, not {f['bytes']}"
+                raise SinkError(
+                    f"the kafka sink's staged file {path}, written{by}, {seen} on this driver "
+                    f"({socket.gethostname()}): staging_path {self.root} is not shared by the "
+                    "executors and the driver. Nothing was published; set staging_path to a "
+                    "location every node reaches (a shared mount, or s3://bucket/prefix)"
+                )
+
+
+class S3Stage(Stage):
+    """An S3 prefix, through boto3 (extra ``eosink[s3]``)."""
+
+    def __init__(self, url: str, opts: KafkaSinkOptions) -> None:
+        self.url = url
+        self.bucket, self.prefix = split_s3(url)
+        self._args = opts.s3_args()
+
+    @property
+    def client(self) -> Any:
+        return s3_client(*self._args, what="the kafka sink's staging on s3://")
+
+    def key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def ensure(self, key: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            raise ConfigError(
+                f"the kafka sink cannot stage in bucket {self.bucket!r} ({code or exc}): "
+                "create it, or check staging_path, s3_endpoint_url and the credentials"
+            ) from None
+
+    def upload(self, local: Path, rel: str) -> None:
+        self.client.upload_file(str(local), self.bucket, self.key(rel))
+
+    def _get(self, rel: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return bytes(body.read())
+
+    def read_table(self, rel: str) -> pa.Table | None:
+        data = self._get(rel)
+        return None if data is None else pq.read_table(pa.BufferReader(data))
+
+    def file_info(self, rel: str) -> tuple[int, int]:
+        data = self._get(rel)
+        if data is None:
+            raise SinkError(f"staged file {self.url}/{rel} is missing")
+        return _info(pq.read_metadata(pa.BufferReader(data)))
+
+    def _keys(self, rel_prefix: str) -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.key(rel_prefix)
+        )
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
+    def epochs(self, key: str) -> list[int]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.key(f"{key}/"), Delimiter="/"
+        )
+        names = [
+            p["Prefix"].rstrip("/").rsplit("/", 1)[-1]
+            for page in pages
+            for p in page.get("CommonPrefixes", []) or []
+        ]
+        return [int(n) for n in names if n.isdigit()]
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            out = self.client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True},
+            )
+            errors = out.get("Errors") or []
+            if errors:
+                raise SinkError(f"S3 refused to delete {len(errors)} object(s), e.g. {errors[0]}")
+
+    def delete_epoch(self, key: str, epoch: int, after_first: Callable[[], None] | None) -> None:
+        keys = sorted(self._keys(f"{key}/{epoch}/"))
+        if keys and after_first is not None:
+            self.delete(keys[:1])
+            after_first()
+            keys = keys[1:]
+        self.delete(keys)
+
+
+def stage_of(opts: KafkaSinkOptions, root: str | None = None) -> Stage:
+    """The staging location ``root`` (default: the options' ``staging_path``).
+
+    Raises:
+        ConfigError: no staging location (the front end fills an unset one in).
+    """
+    where = root if root is not None else opts.staging_path
+    if where is None:
+        raise ConfigError(
+            "the kafka sink has no staging_path (eosink.run and format('eosink') fill in a "
+            "default; a coordinator or writer built directly needs one)"
+        )
+    if where.startswith("s3://"):
+        return S3Stage(where, opts)
+    return LocalStage(where)
 
 
 class KafkaWriter(CoordinatedSinkWriter[dict[str, Any]]):
-    """Stages one task's rows into one Parquet file (Python writers, ``format("eosink")``)."""
+    """Stages one task's rows into one Parquet file (Python writers).
+
+    Locally the file is written in place and fsync'd; for staging on S3 it is written to a
+    private local directory and uploaded by ``finish_write``.
+    """
 
     def __init__(self, opts: KafkaSinkOptions, ctx: WriterContext) -> None:
         self.opts = opts
         self.ctx = ctx
-        self.dir = staging_root(opts, ctx.sink_id) / str(ctx.epoch) / ctx.attempt_id
-        self.path = self.dir / "part-00000.parquet"
+        self.stage = stage_of(opts)
+        self.rel_dir = f"{sink_key(ctx.sink_id)}/{ctx.epoch}/{ctx.attempt_id}"
+        self.rel = f"{self.rel_dir}/part-00000.parquet"
+        self.dir: Path | None = None
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
+        self.uploaded = False
+
+    @property
+    def path(self) -> Path:
+        assert self.dir is not None
+        return self.dir / "part-00000.parquet"
 
     def begin_epoch(self, epoch: int) -> None:
+        if isinstance(self.stage, LocalStage):
+            self.dir = self.stage.root / self.rel_dir
+        else:
+            self.dir = local_tmp_dir()
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
@@ -71,16 +311,23 @@ class KafkaWriter(CoordinatedSinkWriter[dict[str, Any]]):
         self.rows += batch.num_rows
 
     def finish_write(self, epoch: int) -> dict[str, Any]:
+        assert self.dir is not None
         if self.writer is None:
             shutil.rmtree(self.dir, ignore_errors=True)
             return {"files": []}
         self.writer.close()
         self.writer = None
-        if self.opts.fsync:
+        _, raw = staged_file_info(self.path)
+        size = self.path.stat().st_size
+        if isinstance(self.stage, S3Stage):
+            self.uploaded = True  # from here on abort_write deletes the object too
+            self.stage.upload(self.path, self.rel)
+            shutil.rmtree(self.dir, ignore_errors=True)
+        elif self.opts.fsync:
             fsync_path(self.path)
             fsync_path(self.dir)
-        rel = self.path.relative_to(Path(self.opts.staging_path)).as_posix()
-        return {"files": [{"staged": rel, "rows": self.rows, "bytes": self.path.stat().st_size}]}
+        f = {"staged": self.rel, "rows": self.rows, "bytes": size, "raw": raw}
+        return {"files": [{**f, "host": socket.gethostname()}]}
 
     def abort_write(self) -> None:
         try:
@@ -88,14 +335,23 @@ class KafkaWriter(CoordinatedSinkWriter[dict[str, Any]]):
                 self.writer.close()
         except Exception:
             pass
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        if self.uploaded and isinstance(self.stage, S3Stage):
+            try:
+                self.stage.delete([self.stage.key(self.rel)])
+            except Exception:  # swept at the next start (staged_epochs)
+                log.warning("kafka sink: could not delete %s/%s", self.stage.url, self.rel)
+
+
+def _info(md: pq.FileMetaData) -> tuple[int, int]:
+    size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    return int(md.num_rows), int(size)
 
 
 def staged_file_info(path: Path) -> tuple[int, int]:
     """(rows, uncompressed bytes) of a staged Parquet file, from its footer."""
-    md = pq.read_metadata(path)
-    size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
-    return int(md.num_rows), int(size)
+    return _info(pq.read_metadata(path))
 
 
 def chunks_of(rel: str, rows: int, size: int, chunk_bytes: int) -> list[list[Any]]:
@@ -114,7 +370,7 @@ def _as_bytes_list(col: pa.ChunkedArray | None, n: int) -> list[Any]:
 
 
 def read_chunk(
-    root: Path, chunk: list[Any], topic: str | None, cache: dict[str, pa.Table]
+    stage: Stage, chunk: list[Any], topic: str | None, cache: dict[str, pa.Table]
 ) -> Iterator[Record]:
     """The records of ``chunk`` (``[rel, start, end]``) in order.
 
@@ -126,15 +382,15 @@ def read_chunk(
     rel, start, end = str(chunk[0]), int(chunk[1]), int(chunk[2])
     table = cache.get(rel)
     if table is None:
-        path = root / rel
-        if not path.exists():
-            raise SinkError(
-                f"staged file {path} is missing and the records of its chunk rows "
-                f"{start}-{end} were never published: the epoch's data is lost (was the "
-                "staging directory deleted?)"
-            )
         cache.clear()
-        table = cache[rel] = pq.read_table(path)
+        found = stage.read_table(rel)
+        if found is None:
+            raise SinkError(
+                f"staged file {stage.url}/{rel} is missing and the records of its chunk rows "
+                f"{start}-{end} were never published: the epoch's data is lost (was the "
+                "staging location deleted, e.g. with the checkpoint holding it?)"
+            )
+        table = cache[rel] = found
     part = table.slice(start, end - start)
     n = part.num_rows
     names = part.schema.names
