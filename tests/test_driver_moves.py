@@ -115,10 +115,29 @@ def test_iceberg_driver_moves(tmp_path: Path) -> None:
     check_states(job)
 
 
-def test_kafka_driver_moves(tmp_path: Path, kafka: Any) -> None:
+@pytest.mark.parametrize("staging", ["default", "s3"])
+def test_kafka_driver_moves(
+    request: pytest.FixtureRequest, tmp_path: Path, kafka: Any, staging: str
+) -> None:
+    """Kafka with its staging left to the default (under the stream's checkpoint, shared)
+    and on S3: a driver on a new machine publishes the chunks the previous one staged."""
     from test_kafka_crash import check_topic, kafka_job
 
     job, _topic = kafka_job(kafka, tmp_path, "stream", "default")
+    del job.sink_options["staging_path"]
+    if staging == "s3":
+        from harness import s3_client
+
+        endpoint = str(request.getfixturevalue("s3_endpoint"))
+        bucket = f"moves-{tmp_path.name[-12:].lower().replace('_', '-')}"
+        s3_client(endpoint).create_bucket(Bucket=bucket)
+        job.sink_options.update(
+            staging_path=f"s3://{bucket}/staging",
+            s3_endpoint_url=endpoint,
+            s3_region="us-east-1",
+            s3_access_key_id="testing",
+            s3_secret_access_key="testing",
+        )
     expected = make_input(job.input, files=FILES, rows=50)
     moving_chain(job, [*SHORT_CHAIN[:2], "kafka_before_commit@2", *SHORT_CHAIN[2:]])
     check_topic(job, expected, per_epoch=50, aborted=True)

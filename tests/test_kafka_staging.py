@@ -351,60 +351,6 @@ def test_s3_staging_batch_and_stream(
         )
 
 
-def test_s3_staging_driver_crash_restarted_elsewhere(
-    kafka: Any, tmp_path: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A stream staging on S3 is killed (SIGKILL) before the commit of its second epoch,
-    with that epoch's chunks staged in the bucket; the driver restarts with another HOME,
-    EOSINK_HOME and TMPDIR (another machine: only the checkpoint, the meta store and the
-    targets are shared) and publishes every row once; nothing is left in the bucket."""
-    bucket = _bucket(s3_endpoint)
-    job, _ = kafka_job(
-        kafka,
-        tmp_path,
-        "stream",
-        f"sqlite:///{tmp_path / 'm.db'}",
-        sink_options={"staging_path": f"s3://{bucket}/staging", **_s3(s3_endpoint)},
-    )
-    expected = make_input(job.input, files=4, rows=ROWS)
-    assert job.run(fault="before_commit@2") == -9, job.last_log()
-    assert job.fired() == ["before_commit"]
-    staged = job.kafka_staged()
-    assert staged and all(s.endswith(".parquet") for s in staged), staged
-    assert "1" in {s.split("/")[0] for s in staged}  # the PENDING epoch's chunks
-    _another_machine(monkeypatch, tmp_path / "machine-b")
-    assert job.run() == 0, job.last_log()
-    check_topic(job, expected, per_epoch=ROWS)
-    assert _objects(s3_endpoint, bucket) == []
-
-
-def test_default_staging_driver_crash_restarted_elsewhere(
-    kafka: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 19: a stream without staging_path, killed with an epoch PENDING, restarted on
-    another machine (new HOME and EOSINK_HOME: the old default $EOSINK_HOME/kafka-staging
-    would be gone). Its chunks are under the checkpoint: every row once."""
-    job, _ = kafka_job(kafka, tmp_path, "stream", f"sqlite:///{tmp_path / 'm.db'}", sink_options={})
-    job.sink_options.pop("staging_path")
-    expected = make_input(job.input, files=4, rows=ROWS)
-    assert job.run(fault="before_commit@2") == -9, job.last_log()
-    assert job.fired() == ["before_commit"]
-    assert job.kafka_staged(), "nothing staged under the checkpoint"
-    assert (job.checkpoint / "eosink" / "staging").is_dir()
-    _another_machine(monkeypatch, tmp_path / "machine-b")
-    assert job.run() == 0, job.last_log()
-    check_topic(job, expected, per_epoch=ROWS)
-
-
-def _another_machine(monkeypatch: pytest.MonkeyPatch, root: Path) -> None:
-    """The next drivers run with their own HOME, EOSINK_HOME and TMPDIR."""
-    for name in ("home", "eosink", "tmp"):
-        (root / name).mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(root / "home"))
-    monkeypatch.setenv("EOSINK_HOME", str(root / "eosink"))
-    monkeypatch.setenv("TMPDIR", str(root / "tmp"))
-
-
 @pytest.mark.cluster
 def test_cluster_batch_needs_shared_staging(kafka: Any, tmp_path: Path, s3_endpoint: str) -> None:
     """On a multi-process cluster (local-cluster: executors in their own JVMs), a batch run
