@@ -83,6 +83,11 @@ def check_states(job: Job) -> None:
         return
     pending = sorted(job.checkpoint.glob("eosink/*/pending/*.json"))
     assert [int(p.name.split(".")[0]) for p in pending] == [max(states["COMMITTED"])], pending
+    # The newest generation names this sink and the checkpoint's lineage.
+    newest = max(job.checkpoint.glob("eosink/*/generations/*.json"), key=lambda p: int(p.stem))
+    state = json.loads(newest.read_text())
+    lineage = json.loads((job.checkpoint / "eosink-lineage.json").read_text())["lineage"]
+    assert state["sink_id"] == job.sink_id and state["lineage"] == lineage, state
 
 
 @pytest.mark.parametrize(
@@ -139,8 +144,10 @@ def test_kafka_driver_moves(
             s3_secret_access_key="testing",
         )
     expected = make_input(job.input, files=FILES, rows=50)
-    moving_chain(job, [*SHORT_CHAIN[:2], "kafka_before_commit@2", *SHORT_CHAIN[2:]])
-    check_topic(job, expected, per_epoch=50, aborted=True)
+    # S3 staging: the points where the chunks are read back from the bucket (CI time).
+    faults = [*SHORT_CHAIN[:2], "kafka_before_commit@2", *SHORT_CHAIN[2:]]
+    moving_chain(job, faults if staging == "default" else ["before_commit@2", "mid_commit@1"])
+    check_topic(job, expected, per_epoch=50, aborted=staging == "default")
     check_states(job)
 
 
@@ -177,26 +184,6 @@ def test_two_drivers_on_two_machines(tmp_path: Path) -> None:
     job.on_machine("c")
     assert job.run() == 0, job.last_log()
     check_files(job, expected, partitioned=False)
-
-
-def test_journal_lives_in_the_checkpoint(tmp_path: Path) -> None:
-    """What the journal holds after a clean run, readable by anyone: the generation files
-    (lineage, epoch base) and the newest committed epoch's entry only."""
-    job = Job(tmp_path, "stream", "default")
-    job.on_machine("m0")
-    make_input(job.input, files=3, rows=10)
-    assert job.run() == 0, job.last_log()
-    gens = sorted(job.checkpoint.glob("eosink/*/generations/*.json"))
-    assert len(gens) == 1
-    state = json.loads(gens[0].read_text())
-    assert state["sink_id"] == job.sink_id and state["epoch_base"] == 0
-    lineage = json.loads((job.checkpoint / "eosink-lineage.json").read_text())["lineage"]
-    assert state["lineage"] == lineage
-    entries = sorted(job.checkpoint.glob("eosink/*/pending/*.json"))
-    assert [p.name.split(".")[0] for p in entries] == ["000000000002"]
-    # No meta store outside the machine's HOME; nothing in the shared places but the journal.
-    assert not (job.checkpoint / "eosink" / "metastore.db").exists()
-    assert (job.machine / "home" / ".eosink" / "metastore.db").exists()  # type: ignore[operator]
 
 
 def test_batch_rerun_on_another_machine(tmp_path: Path) -> None:
