@@ -42,10 +42,12 @@ def spark_temp_file_target(name: str) -> str | None:
 class CheckpointDir:
     """A streaming query's checkpoint location, as eosink needs it."""
 
-    def __init__(self, spark: Any, location: str) -> None:
+    def __init__(self, spark: Any, location: str, *, via_hadoop: bool = False) -> None:
+        """``via_hadoop``: go through Spark's Hadoop FileSystem even for a local location
+        (``file:///...``), as for any other scheme."""
         self.location = location
         local = location.removeprefix("file://") if location.startswith("file://") else location
-        self._local: Path | None = None if "://" in local else Path(local).resolve()
+        self._local: Path | None = None if "://" in local or via_hadoop else Path(local).resolve()
         self._fs: Any = None
         self._spark = spark
         if self._local is None:
