@@ -134,7 +134,11 @@ def _write_native(
             f"sink {sink_id} epoch {epoch}: write_with_spark returned without writing the "
             "DataFrame it was given (a plugin contract violation)"
         )
-    return results, int(obs.get["rows"])
+    rows = int(obs.get["rows"])
+    # Before phase 1: an epoch whose staged files do not hold what Spark wrote never
+    # becomes PENDING (the caller discards it).
+    coordinator.check_spark_write(epoch, results, rows)
+    return results, rows
 
 
 def _root_cause(exc: BaseException) -> str:

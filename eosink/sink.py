@@ -298,6 +298,23 @@ class SparkWriter(ABC, Generic[R]):
             The write results ``pre_commit`` aggregates. Nothing may be visible to readers.
         """
 
+    def check_spark_write(self, epoch: int, results: Sequence[R], rows: int) -> None:
+        """Check the results of :meth:`write_with_spark` against the rows Spark counted.
+
+        Called on the driver right after :meth:`write_with_spark`, before ``pre_commit``
+        (so before anything is persisted), with the rows the write itself counted
+        (``df.observe`` on the DataFrame it was given). Spark's job commit runs on the
+        driver and sees the staging location as the driver sees it: a location that is not
+        the same for every node (a local path that is not a shared mount) loses, without any
+        error from Spark, the files of the tasks that ran elsewhere. A sink that can count
+        the rows its results hold (e.g. from file footers) raises here when they do not add
+        up; the core then discards the epoch (``abort(epoch, None)``) and the run fails.
+        Default: no check.
+
+        Raises:
+            SinkError: the results do not hold the ``rows`` rows Spark wrote.
+        """
+
 
 class Rolling(ABC):
     """Optional mixin for a coordinator whose files span epochs (they *roll*).
