@@ -61,7 +61,7 @@ def test_unknown_sink_lists_installed() -> None:
         ({"path": "/tmp/x", "colour": "red"}, "colour"),
         ({"format": "json"}, "path"),
         ({"path": ""}, "path"),
-        ({"path": "gs://bucket/x"}, "path"),
+        ({"path": "https://bucket/x"}, "path"),
         ({"path": "s3://"}, "path"),
     ],
 )

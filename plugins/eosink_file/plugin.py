@@ -1,6 +1,8 @@
-"""The ``file`` sink: Parquet, ORC, JSON lines, CSV or text files, local or on S3.
+"""The ``file`` sink: Parquet, ORC, JSON lines, CSV or text files, local, on S3 or on a
+Hadoop filesystem.
 
-Layout under ``path`` (a local directory, or an ``s3://bucket/prefix`` with the same keys)::
+Layout under ``path`` (a local directory, an ``s3://bucket/prefix`` with the same keys, or a
+Hadoop filesystem URI)::
 
     _eosink_staging/<sink key>/<epoch>/<attempt>/<partition dirs>/<file>           (staged)
     _eosink_staging/<sink key>/slots/<slot>-<start epoch>.<ext>   (an open file, local rows)
@@ -18,7 +20,11 @@ each staged file with an atomic rename (fsync'd), then writes the epoch's manife
 idempotent: a published file that is present with the committed size counts as done.
 ``abort`` deletes the epoch's staging directory; nothing else is ever written. With
 rolling options files span epochs (:mod:`eosink_file._rolling`); on S3 files are multipart
-uploads completed at commit (:mod:`eosink_file._s3`).
+uploads completed at commit (:mod:`eosink_file._s3`); on other Hadoop filesystems
+(``hdfs://``...) the driver works through Spark's own FileSystem (:mod:`eosink_file._hadoop`).
+Before an epoch is persisted, its staged files must hold the rows Spark wrote
+(:meth:`FileCoordinator.check_spark_write`): a path that is not the same directory on every
+node loses the remote tasks' files without an error from Spark.
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import re
 import shutil
 import stat
+import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -68,6 +76,7 @@ from eosink import (
     fault_point,
 )
 
+from ._hadoop import HadoopStore, java_message, spark_session
 from ._rolling import Roller, fsync_path, manifest, piece_ext
 from ._s3 import S3Store, local_tmp_dir
 
@@ -113,6 +122,33 @@ def codecs_for(fmt: str) -> list[str]:
     return list(_ORC_CODECS if fmt == "orc" else _TEXT_CODECS)
 
 
+_URI = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
+# Schemes Hadoop may read but the file sink cannot publish files to.
+_NOT_FILESYSTEMS = ("http", "https", "ftp", "sftp", "jdbc", "kafka")
+
+
+def _file_uri_path(uri: str) -> str:
+    """The absolute local path of a ``file:`` URI (``file:///x``, Hadoop's ``file:/x``,
+    ``file://localhost/x``), normalised (``..``, doubled and trailing ``/``) but with its
+    symbolic links kept, as Hadoop takes it.
+
+    Raises:
+        ValueError: a URI naming another host, or a relative path.
+    """
+    rest = uri[5:]
+    if rest.startswith("//"):
+        host, _, path = rest[2:].partition("/")
+        if host not in ("", "localhost"):
+            raise ValueError(
+                f"{uri!r} names the host {host!r}; a file: URI is a path on every node's own "
+                "disk (file:///path)"
+            )
+        rest = "/" + path
+    if not rest.startswith("/"):
+        raise ValueError(f"{uri!r} is not an absolute path (file:///path)")
+    return posixpath.normpath(rest).replace("//", "/")
+
+
 def _not_writable(path: Path) -> str | None:
     """Why the file sink could not create or write the directory ``path``, else None."""
     try:
@@ -148,14 +184,17 @@ def _not_writable(path: Path) -> str | None:
 class FileSinkOptions(BaseModel):
     """Options of the ``file`` sink.
 
-    Validated on the driver before any Spark job or meta store row: the path must be a
+    Validated on the driver before any Spark job or meta store row: a local path must be a
     directory this user can create or write, partition columns distinct, the codec one that
     the format can be written with.
 
     Attributes:
-        path: output directory: a local directory (created if missing) or
-            ``s3://bucket/prefix`` (boto3, extra ``eosink[s3]``; written by the Python
-            writers).
+        path: output directory: a local directory (created if missing), a Hadoop filesystem
+            URI (``file://``, ``hdfs://``, ``abfs://``, ``gs://``, ``s3a://``...: written by
+            Spark's writers, published through Spark's Hadoop FileSystem,
+            :mod:`eosink_file._hadoop`) or ``s3://bucket/prefix`` (boto3, extra
+            ``eosink[s3]``; written by the Python writers). A local path and ``file://``
+            of it name the same sink.
         format: ``parquet`` (default), ``orc``, ``json`` (JSON lines), ``csv`` (with a header)
             or ``text`` (one string column, one line per row).
         partition_by: distinct columns giving Hive-style ``col=value/`` directories. Values
@@ -212,18 +251,32 @@ class FileSinkOptions(BaseModel):
 
     @field_validator("path")
     @classmethod
-    def _local_path(cls, v: str) -> str:
+    def _path(cls, v: str) -> str:
         if v.startswith("s3://"):
             bucket, _, _ = v.removeprefix("s3://").partition("/")
             if not bucket:
                 raise ValueError(f"{v!r} names no bucket; use s3://bucket/prefix")
             return "s3://" + v.removeprefix("s3://").rstrip("/")
-        if "://" in v and not v.startswith("file://"):
-            raise ValueError(
-                "the file sink writes local paths and s3://bucket/prefix "
-                f"(got {v.split('://')[0]}://; for s3a:// write s3://)"
-            )
-        resolved = Path(v.removeprefix("file://")).expanduser().resolve()
+        if v[:5].lower() == "file:":
+            local = _file_uri_path(v)
+            problem = _not_writable(Path(local).resolve())
+            if problem:
+                raise ValueError(f"{v!r} ({Path(local).resolve()}) {problem}")
+            return f"file://{local}"
+        m = _URI.match(v)
+        if m:
+            scheme = m.group(1).lower()
+            if scheme in _NOT_FILESYSTEMS:
+                raise ValueError(
+                    f"{scheme}:// is not a filesystem the file sink can write; use a local "
+                    "path, s3://bucket/prefix, or a Hadoop filesystem URI (hdfs://, abfs://, "
+                    "gs://, s3a://...)"
+                )
+            rest = v[m.end() :]
+            if not rest.split("/", 1)[0] and scheme not in ("hdfs", "viewfs"):
+                raise ValueError(f"{v!r} names no bucket, container or host")
+            return f"{scheme}://{rest}".rstrip("/") if rest.strip("/") else f"{scheme}://{rest}"
+        resolved = Path(v).expanduser().resolve()
         problem = _not_writable(resolved)
         if problem:
             shown = repr(v) if str(resolved) == v else f"{v!r} ({resolved})"
@@ -306,12 +359,54 @@ class FileSinkOptions(BaseModel):
                 )
         elif s3_set:
             raise ValueError(f"{', '.join(s3_set)} only apply to s3:// paths (path={self.path!r})")
+        scheme = self.hadoop_scheme
+        if scheme is not None and scheme != "file":
+            where = f"{scheme}:// paths are written by Spark's own writers only"
+            if self.writer == "python":
+                raise ValueError(
+                    f"writer='python' cannot write {self.path!r}: {where} (the Python writers "
+                    "write local paths and s3://); use writer='auto'"
+                )
+            if self.rolling:
+                raise ValueError(
+                    "rolling options (max_file_bytes, max_row_count, rollover_seconds, "
+                    f"inactivity_seconds) are not supported on {scheme}:// paths yet: every "
+                    "epoch publishes its own files there; drop them, or write to a local path "
+                    "or s3://"
+                )
         return self
 
     @property
     def is_s3(self) -> bool:
-        """Whether the path is an S3 prefix."""
+        """Whether the path is an S3 prefix (written through boto3)."""
         return self.path.startswith("s3://")
+
+    @property
+    def hadoop_scheme(self) -> str | None:
+        """The scheme of a Hadoop filesystem URI (``file``, ``hdfs``, ``s3a``...), else None
+        (a local path, or ``s3://``)."""
+        m = None if self.is_s3 else _URI.match(self.path)
+        return m.group(1) if m else None
+
+    @property
+    def local_path(self) -> Path | None:
+        """The directory as this machine's filesystem names it: a local path, or the path
+        of a ``file://`` URI (symbolic links kept, as Hadoop and the executors take it);
+        None on S3 and other Hadoop filesystems."""
+        if self.is_s3:
+            return None
+        if self.path.startswith("file://"):
+            return Path(self.path.removeprefix("file://"))
+        return None if self.hadoop_scheme else Path(self.path)
+
+    @property
+    def sink_path(self) -> str:
+        """What names the sink's directory (its default sink_id is ``file:<sink_path>``): a
+        local path and ``file://`` the same path name the same resolved local directory;
+        other URIs as given (normalised)."""
+        if self.path.startswith("file://"):
+            return str(Path(self.path.removeprefix("file://")).resolve())
+        return self.path
 
     @property
     def rolling(self) -> bool:
@@ -462,11 +557,18 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
                 'the file sink\'s Python writers (format("eosink") always uses them): drop '
                 "format_options, or write with eosink.run()"
             )
+        local = opts.local_path
+        if local is None and not opts.is_s3:
+            raise ConfigError(
+                f"the file sink's Python writers write local paths and s3://, not "
+                f"{opts.path!r}: {opts.hadoop_scheme}:// paths are written by Spark's own "
+                'writers, under eosink.run() (format("eosink") always uses the Python writers)'
+            )
         self.opts = opts
         self.ctx = ctx
         self.s3: S3Store | None = S3Store(opts) if opts.is_s3 else None
         # On S3 the files are written to a private local directory, then uploaded.
-        self.root = local_tmp_dir() if self.s3 is not None else Path(opts.path)
+        self.root = local_tmp_dir() if local is None else local
         self.files: dict[str, _OpenFile] = {}
         self.epoch = ctx.epoch
 
@@ -586,7 +688,27 @@ class FileCoordinator(
         self.opts = opts
         self.key = sink_key(sink_id)
         self.s3: S3Store | None = S3Store(opts) if opts.is_s3 else None
-        self.root = Path(opts.path) if self.s3 is None else Path("/nonexistent")
+        local = opts.local_path
+        self.root = local if local is not None else Path("/nonexistent")
+        # A Hadoop filesystem URI goes through Spark's own FileSystem on the driver. A
+        # file:// URI too, where Spark's writers may stage its epochs (per-epoch files under
+        # eosink.run); else (rolling, Python writers, no JVM here) it is the local directory
+        # it names, with the same layout.
+        self.hadoop: HadoopStore | None = None
+        scheme = opts.hadoop_scheme
+        if scheme is not None and (
+            scheme != "file" or (not opts.rolling and opts.writer != "python")
+        ):
+            spark = spark_session()
+            if spark is not None:
+                self.hadoop = HadoopStore(spark, opts.path)
+            elif scheme != "file":
+                raise ConfigError(
+                    f"the file sink writes {scheme}:// paths through Spark's own writers and "
+                    "Hadoop FileSystem, which need eosink.run() on a classic Spark driver "
+                    '(not format("eosink"), whose writers are Python writers, nor Spark '
+                    "Connect); write to a local path or s3:// there"
+                )
         self.staging_rel = f"{STAGING_DIR}/{self.key}"
         self.staging = self.root / self.staging_rel
         self.marker_rel = f"{MARKER_DIR}/{self.key}.json"
@@ -599,7 +721,7 @@ class FileCoordinator(
         self.roller = Roller(
             opts,
             self.key,
-            None if self.s3 else self.root,
+            local,
             self.s3,
             self._write_json,
             self._read_json,
@@ -607,6 +729,9 @@ class FileCoordinator(
 
     # -- storage ---------------------------------------------------------------------------
     def _read_json(self, rel: str) -> dict[str, Any] | None:
+        if self.hadoop is not None:
+            got = self.hadoop.read(rel)
+            return None if got is None else dict(json.loads(got))
         try:
             raw = self.s3.get(rel) if self.s3 is not None else (self.root / rel).read_bytes()
         except FileNotFoundError:
@@ -621,6 +746,12 @@ class FileCoordinator(
     def _write_json(self, rel: str, data: dict[str, Any]) -> None:
         if self.s3 is not None:  # a PUT replaces the object atomically
             self.s3.put(rel, json.dumps(data, sort_keys=True).encode())
+        elif self.hadoop is not None:
+            self.hadoop.write_atomic(
+                rel, json.dumps(data, sort_keys=True).encode(), self.opts.fsync
+            )
+            if self.opts.fsync and self.hadoop.scheme == "file":
+                fsync_path((self.root / rel).parent)
         else:
             _write_json_atomic(self.root / rel, data, self.opts.fsync)
 
@@ -645,6 +776,11 @@ class FileCoordinator(
             )
         if why and self.opts.writer == "spark":
             raise ConfigError(f"writer='spark' is not possible: {why}; use writer='auto'")
+        if why and self.opts.local_path is None:
+            raise ConfigError(
+                f"the file sink cannot write {self.opts.path!r}: {why}, and the Python writers "
+                f"do not write {self.opts.hadoop_scheme}:// paths"
+            )
         return why
 
     def write_with_spark(
@@ -654,8 +790,11 @@ class FileCoordinator(
 
         Spark's commit protocol moves only the files of committed tasks into it (failed and
         speculative attempts stay in its ``_temporary``, deleted with the epoch's staging).
+        A local path is given to Spark as a ``file://`` URI: it is a directory on the nodes'
+        own disks, whatever Spark's default filesystem is. Parquet and ORC files get their
+        row counts from their footers (:meth:`check_spark_write` adds them up).
         """
-        stage = self.staging / str(epoch) / attempt
+        stage_rel = f"{self.staging_rel}/{epoch}/{attempt}"
         fmt = self.opts.format
         w = df.write.format(fmt).mode("errorifexists")
         w = w.option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
@@ -666,41 +805,152 @@ class FileCoordinator(
             w = w.option(k, v)
         if self.opts.partition_by:
             w = w.partitionBy(*self.opts.partition_by)
-        w.save(str(stage))
+        hadoop = self.hadoop
+        w.save(hadoop.url(stage_rel) if hadoop else f"file://{self.root / stage_rel}")
         data_cols = [f for f in df.schema.fields if f.name not in self.opts.partition_by]
         sid = schema_id("spark", [(f.name, f.dataType.simpleString()) for f in data_cols])
+        # The files of Spark's job as the driver sees them (never _temporary: the leftovers
+        # of failed attempts; never Spark's "." files: Hadoop's checksums).
+        if hadoop is not None:
+            listed = hadoop.files(stage_rel)
+        else:
+            stage = self.root / stage_rel
+            listed = [
+                (p.relative_to(self.root).as_posix(), p.stat().st_size)
+                for p in stage.rglob("*")
+                if p.is_file()
+            ]
+        local = hadoop is None or hadoop.scheme == "file"
         files: list[dict[str, Any]] = []
-        for p in sorted(stage.rglob("*")):
-            if p.name.startswith((".", "_")) or not p.is_file():
+        for rel, size in sorted(listed):
+            parts = rel[len(stage_rel) + 1 :].split("/")
+            if parts[-1].startswith(".") or any(x.startswith("_") for x in parts):
                 continue
-            rel = p.relative_to(stage)
-            if any(part.startswith("_") for part in rel.parts):
-                continue  # Spark's _temporary (a failed attempt's leftovers)
-            size = p.stat().st_size
-            if _empty_file(p, fmt, size):
-                p.unlink()
+            rows: int | None = None
+            if fmt in ("parquet", "orc") and size > 0:
+                rows = self._footer_rows(rel, local)
+            if size == 0 or rows == 0:  # Spark writes one empty file for an empty DataFrame
+                if local:
+                    (self.root / rel).unlink()
+                else:
+                    assert hadoop is not None
+                    hadoop.delete(rel)
                 continue
             files.append(
                 {
-                    "staged": p.relative_to(self.root).as_posix(),
-                    "partition": rel.parent.as_posix() if rel.parent.parts else "",
-                    "rows": _file_rows(p, fmt) if self.opts.max_row_count else None,
+                    "staged": rel,
+                    "partition": "/".join(parts[:-1]),
+                    "rows": rows,
                     "bytes": size,
                     "schema": sid,
                 }
             )
-        if self.opts.fsync:  # Spark's writers do not fsync: do it here, files in parallel
+        if self.opts.fsync and local:  # Spark's writers do not fsync: here, in parallel
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(max_workers=8) as pool:
                 list(pool.map(fsync_path, [self.root / f["staged"] for f in files]))
-            for d in {stage / Path(f["partition"]) for f in files}:
+            for d in {(self.root / f["staged"]).parent for f in files}:
                 fsync_path(d)
-        return [{"files": files}]
+        return [{"files": files, "stage": stage_rel}]
+
+    def _footer_rows(self, rel: str, local: bool) -> int:
+        """The rows of a staged Parquet or ORC file, from its footer."""
+        if local:
+            if self.opts.format == "parquet":
+                import pyarrow.parquet as pq
+
+                return int(pq.read_metadata(self.root / rel).num_rows)
+            import pyarrow.orc as orc
+
+            return int(orc.ORCFile(str(self.root / rel)).nrows)
+        assert self.hadoop is not None
+        if self.opts.format == "parquet":
+            return self.hadoop.parquet_rows(rel)
+        return self.hadoop.orc_rows(rel)
+
+    def check_spark_write(self, epoch: int, results: Sequence[dict[str, Any]], rows: int) -> None:
+        """Refuse an epoch whose staged files do not hold the rows Spark's write counted.
+
+        Parquet and ORC: the rows of their footers. JSON lines, CSV and text staged on the
+        driver's own filesystem (a local path, ``file://``): their records, counted in the
+        files (decompressed when compressed). On other Hadoop filesystems, which every node
+        and the driver see alike, JSON, CSV and text files are not read back (that would
+        copy the whole epoch to the driver): only Parquet and ORC are counted there.
+
+        Raises:
+            SinkError: the files hold fewer rows than Spark wrote (or, where the count is
+                exact, more), before anything of the epoch is persisted.
+        """
+        t0 = time.perf_counter()
+        files = [f for r in results for f in r["files"]]
+        stage = next((r["stage"] for r in results if r.get("stage")), None)
+        fmt = self.opts.format
+        counted = 0
+        exact = True
+        if fmt in ("parquet", "orc"):
+            counted = sum(int(f["rows"]) for f in files)
+        elif self.opts.local_path is None:
+            log.debug("file sink epoch %d: %s files on %s are not counted", epoch, fmt, stage)
+            return
+        else:
+            for n, is_exact in _count_records(
+                [self.root / f["staged"] for f in files], fmt, self.opts.format_options
+            ):
+                if n is None:  # a codec eosink cannot read (format_options' compression)
+                    return
+                counted += n
+                exact = exact and is_exact
+        where = f"{self.opts.path.rstrip('/')}/{stage}" if stage else self.opts.path
+        log.debug(
+            "file sink epoch %d: %d file(s) hold %d row(s) (Spark counted %d): %.1f ms",
+            epoch,
+            len(files),
+            counted,
+            rows,
+            (time.perf_counter() - t0) * 1000,
+        )
+        if counted == rows or (not exact and counted > rows):
+            if counted != rows:
+                log.info(
+                    "file sink epoch %d: %d %s records for %d rows (values that contain "
+                    "line breaks); the rows of such files cannot be counted exactly",
+                    epoch,
+                    counted,
+                    fmt,
+                    rows,
+                )
+            return
+        if counted < rows:
+            raise SinkError(
+                f"epoch {epoch}: Spark's write counted {rows} rows, but the {len(files)} "
+                f"file(s) the driver finds in the staging directory {where} hold {counted}: "
+                f"{rows - counted} rows were written where the driver does not see them. "
+                f"The likely cause: the path {self.opts.path} is not the same directory on "
+                "every node (a local path or file:// URI on each machine's own disk, not a "
+                "mount every node shares), so the files of the tasks that ran on other "
+                "machines stayed on those machines. Write to a location every node and the "
+                "driver share (hdfs://, s3://, abfs://, gs://, a shared mount). Nothing of "
+                "this epoch was published or persisted."
+            )
+        raise SinkError(
+            f"epoch {epoch}: Spark's write counted {rows} rows, but the {len(files)} file(s) "
+            f"in the staging directory {where} hold {counted}: files that are not this "
+            "write's are there (another writer uses this staging directory?). Nothing of "
+            "this epoch was published or persisted."
+        )
 
     def init(self) -> None:
         if self.s3 is not None:
             self.s3.check_bucket()
+        elif self.hadoop is not None:
+            try:
+                self.hadoop.mkdirs(MARKER_DIR)
+            except Exception as exc:
+                raise SinkError(
+                    f"the file sink cannot create {self.hadoop.url(MARKER_DIR)}: "
+                    f"{java_message(exc)}"
+                ) from None
         else:
             self.root.mkdir(parents=True, exist_ok=True)
         self.roller.load()
@@ -712,7 +962,7 @@ class FileCoordinator(
             )
 
     def target_id(self) -> str:
-        return f"file:{self.opts.path}" if self.s3 is not None else f"file:{self.root}"
+        return f"file:{self.opts.sink_path}"
 
     # -- the marker ------------------------------------------------------------------------
     def read_marker(self) -> dict[str, Any] | None:
@@ -745,6 +995,8 @@ class FileCoordinator(
     # -- the protocol ----------------------------------------------------------------------
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
         staged = [f for r in results for f in r["files"]]
+        if self.s3 is None and self.opts.local_path is not None:
+            self._check_staged(epoch, staged)
         if self.opts.rolling:
             c = self.roller.prepare(epoch, staged)
             held_rows, held_bytes = self.roller.held(c["state"])
@@ -807,6 +1059,8 @@ class FileCoordinator(
             for rel, uid in self.s3.uploads():
                 if rel.rsplit("/", 1)[-1].startswith(mine):
                     self.s3.abort_upload(rel, uid)
+        elif self.hadoop is not None:
+            self._publish_hadoop(epoch, committable)
         else:
             self._publish_local(epoch, committable)
         self._write_manifest(
@@ -841,11 +1095,72 @@ class FileCoordinator(
             for d in dirs:
                 fsync_path(d)
 
+    def _check_staged(self, epoch: int, staged: Sequence[dict[str, Any]]) -> None:
+        """Every file a task staged is on the driver, with the size the task wrote."""
+        for f in staged:
+            p = self.root / f["staged"]
+            try:
+                size: int | None = p.stat().st_size
+            except FileNotFoundError:
+                size = None
+            if size == f["bytes"]:
+                continue
+            found = "is not there" if size is None else f"has {size} bytes"
+            rows = f" ({f['rows']} rows)" if f.get("rows") is not None else ""
+            raise SinkError(
+                f"epoch {epoch}: a Spark task staged {p} with {f['bytes']} bytes{rows}, and "
+                f"on the driver it {found}. The likely cause: the path {self.opts.path} is "
+                "not the same directory on every node (a local path or file:// URI on each "
+                "machine's own disk, not a mount every node shares), so the files of the "
+                "tasks that ran on other machines stayed there. Write to a location every "
+                "node and the driver share (a shared mount, s3://, or hdfs://, abfs://, "
+                "gs:// through eosink.run). Nothing of this epoch was published or persisted."
+            )
+
+    def _publish_hadoop(self, epoch: int, committable: dict[str, Any]) -> None:
+        """Publish by renames through the Hadoop FileSystem (see :mod:`eosink_file._hadoop`)."""
+        fs = self.hadoop
+        assert fs is not None
+        made: set[str] = set()
+        for i, f in enumerate(committable["files"]):
+            final, staged = f["final"], f["staged"]
+            have = fs.size(final)
+            if have is None:
+                parent = final.rpartition("/")[0]
+                if parent not in made:
+                    fs.mkdirs(parent)
+                    made.add(parent)
+                if not fs.rename(staged, final):
+                    have = fs.size(final)
+                    if have is None and fs.size(staged) is None:
+                        raise SinkError(
+                            f"epoch {epoch}: staged file {fs.url(staged)} is missing and "
+                            f"{fs.url(final)} was never published; the epoch's data is lost "
+                            "(was the staging directory deleted?)"
+                        )
+                    if have is None:
+                        raise SinkError(
+                            f"epoch {epoch}: cannot rename {fs.url(staged)} to {fs.url(final)}"
+                        )
+            if have is not None and have != f["bytes"]:
+                raise SinkError(
+                    f"epoch {epoch}: {fs.url(final)} exists with an unexpected size; "
+                    "another writer uses this path"
+                )
+            if have is None and i == 0:
+                fault_point("mid_commit")
+        if self.opts.fsync and fs.scheme == "file":
+            for d in made:
+                fsync_path(self.root / d)
+
     def _clean_epoch(self, epoch: int, keep: set[str]) -> None:
         """Delete what is staged for ``epoch`` except ``keep`` (pieces of open slots)."""
         prefix = f"{self.staging_rel}/{epoch}/"
         if self.s3 is not None:
             self.s3.delete([r for r, _ in self.s3.objects(prefix) if r not in keep])
+            return
+        if self.hadoop is not None and not keep:
+            self.hadoop.delete(prefix.rstrip("/"), recursive=True)
             return
         target = self.staging / str(epoch)
         if not keep:
@@ -866,7 +1181,10 @@ class FileCoordinator(
     def _write_manifest(self, epoch: int, files: list[dict[str, Any]]) -> None:
         """The epoch's manifest, once every file of it is published (atomic, fsync'd)."""
         rel = f"{self.commits_rel}/{epoch}.json"
-        if self.s3 is None and (self.root / rel).exists():
+        if self.hadoop is not None:
+            if self.hadoop.exists(rel):
+                return
+        elif self.s3 is None and (self.root / rel).exists():
             return
         self._write_json(rel, {"epoch": epoch, "files": files})
 
@@ -883,7 +1201,14 @@ class FileCoordinator(
                     for rel, uid in self.s3.uploads():
                         if rel.rsplit("/", 1)[-1].startswith(mine):
                             self.s3.abort_upload(rel, uid)
-            if self.s3 is None and not keep:
+            if self.hadoop is not None and not keep:
+                rel = f"{self.staging_rel}/{epoch}"
+                first = next(iter(self.hadoop.files(rel)), None)
+                if first is not None:
+                    self.hadoop.delete(first[0])
+                    fault_point("mid_abort")
+                self.hadoop.delete(rel, recursive=True)
+            elif self.s3 is None and not keep:
                 target = self.staging / str(epoch)
                 victims = sorted(p for p in target.rglob("*") if p.is_file())
                 for i, p in enumerate(victims):
@@ -910,6 +1235,8 @@ class FileCoordinator(
                     if m:
                         epochs.add(int(m.group(1)))
             return sorted(epochs)
+        if self.hadoop is not None:
+            return [int(n) for n in self.hadoop.names(self.staging_rel) if n.isdigit()]
         if not self.staging.is_dir():
             return []
         return [int(p.name) for p in self.staging.iterdir() if p.name.isdigit()]
@@ -923,28 +1250,114 @@ class FileCoordinator(
         return self.roller.next_roll_in()
 
 
-def _file_rows(path: Path, fmt: str) -> int | None:
-    """Rows of a Parquet or ORC file Spark wrote, from its footer."""
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return int(pq.read_metadata(path).num_rows)
-    if fmt == "orc":
-        import pyarrow.orc as orc
-
-        return int(orc.ORCFile(str(path)).nrows)
-    return None
+_CHUNK = 8 * 1024 * 1024
 
 
-def _empty_file(path: Path, fmt: str, size: int) -> bool:
-    """Whether a file Spark wrote holds no rows (it writes one for an empty DataFrame)."""
-    if size == 0:
-        return True
-    if fmt == "parquet" and size < 65536:
-        import pyarrow.parquet as pq
+def _option(options: Mapping[str, str], name: str, default: str) -> str:
+    """A Spark writer option (case-insensitive names, as Spark takes them)."""
+    for k, v in options.items():
+        if k.lower() == name.lower():
+            return v
+    return default
 
-        return bool(pq.read_metadata(path).num_rows == 0)
-    return False
+
+def _chunks(path: Path) -> Iterable[bytes] | None:
+    """The uncompressed bytes of a staged JSON, CSV or text file, by chunks; None for a
+    codec this cannot read (a ``compression`` given in ``format_options``)."""
+    name = path.name
+    if name.endswith((".deflate", ".lz4", ".snappy", ".zst", ".zstd", ".br", ".xz", ".lzo")):
+        return None
+
+    def raw() -> Iterable[bytes]:
+        with open(path, "rb") as fh:
+            while True:
+                b = fh.read(_CHUNK)
+                if not b:
+                    return
+                yield b
+
+    if not name.endswith((".gz", ".bz2")):
+        return raw()
+
+    def decompressed() -> Iterable[bytes]:
+        import bz2
+        import zlib
+
+        def new() -> Any:
+            return bz2.BZ2Decompressor() if name.endswith(".bz2") else zlib.decompressobj(31)
+
+        d = new()
+        for b in raw():
+            while b:
+                yield d.decompress(b)
+                b = d.unused_data if d.eof else b""
+                if b:  # a file of several gzip members / bzip2 streams
+                    d = new()
+
+    return decompressed()
+
+
+def _records(path: Path, fmt: str, options: Mapping[str, str]) -> tuple[int | None, bool]:
+    """The records of a staged JSON lines, CSV or text file Spark wrote, and whether the
+    count is exact (else it is an upper bound: values may contain line breaks).
+
+    JSON lines: one line per row, line breaks inside values escaped: exact. CSV with
+    eosink's quoting (quote and escape ``"``): the line breaks outside quoted values, less
+    the header: exact. Text, and CSV quoted otherwise: the line breaks.
+    """
+    chunks = _chunks(path)
+    if chunks is None:
+        return None, False
+    sep = _option(options, "lineSep", "\n").encode()
+    if fmt == "json":
+        return sum(b.count(sep) for b in chunks), all(c < 0x20 for c in sep)
+    if fmt == "text":
+        return sum(b.count(sep) for b in chunks), False
+    header = 1 if _option(options, "header", "true").lower() == "true" else 0
+    quote = _option(options, "quote", '"').encode()
+    exact = (
+        len(quote) == 1
+        and len(sep) == 1
+        and _option(options, "escape", '"').encode() == quote
+        and _option(options, "escapeQuotes", "true").lower() == "true"
+    )
+    if not exact:
+        lines = sum(b.count(sep) for b in chunks)
+        return max(lines - header, 0), False
+    n = _outside_quotes(chunks, sep, quote)
+    return max(n - header, 0), True
+
+
+def _outside_quotes(chunks: Iterable[bytes], sep: bytes, quote: bytes) -> int:
+    """How many ``sep`` bytes lie outside quoted values (RFC 4180 quoting: a quoted value's
+    own quotes are doubled, so quotes come in pairs)."""
+    q = re.escape(quote)
+    quoted = re.compile(q + b"[^" + q + b"]*" + q)
+    n = 0
+    carry = b""
+    for b in chunks:
+        if carry:
+            b, carry = carry + b, b""
+        if quote not in b:
+            n += b.count(sep)
+            continue
+        if b.count(quote) % 2:  # the chunk ends inside a quoted value: finish it next time
+            cut = b.rindex(quote)
+            b, carry = b[:cut], b[cut:]
+        n += quoted.sub(b"", b).count(sep)
+    return n
+
+
+def _count_records(
+    paths: Sequence[Path], fmt: str, options: Mapping[str, str]
+) -> list[tuple[int | None, bool]]:
+    """:func:`_records` of each file (in threads: reading and decompressing release the GIL)."""
+    if len(paths) <= 1:
+        return [_records(p, fmt, options) for p in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(4, len(paths))) as pool:
+        return list(pool.map(lambda p: _records(p, fmt, options), paths))
 
 
 _MANIFEST_NAME = re.compile(r"\d+(\.roll-[0-9a-f]+-\d+)?\.json")
@@ -962,14 +1375,36 @@ def committed_files(
     roll between epochs, that published it); rows held in open files are not listed.
 
     Args:
-        path: the sink's directory, or its ``s3://bucket/prefix``.
+        path: the sink's directory, its ``s3://bucket/prefix``, or its Hadoop filesystem
+            URI (``hdfs://...``: read through the active Spark session's FileSystem).
         sink_id: only this sink's epochs (default: every sink writing to ``path``).
         **s3_options: for an ``s3://`` path, the sink's ``s3_*`` options (endpoint,
             region, credentials); default: boto3's configuration.
 
     Returns:
-        Absolute paths (``s3://`` URLs on S3), by epoch, then file name.
+        Absolute paths (``s3://`` URLs on S3, URIs on other Hadoop filesystems; a
+        ``file://`` sink's are local paths), by epoch, then file name.
     """
+    text = str(path)
+    if text[:5].lower() == "file:":
+        path = _file_uri_path(text)
+    elif _URI.match(text) and not text.startswith("s3://"):
+        spark = spark_session()
+        if spark is None:
+            raise ConfigError(
+                f"committed_files({text!r}) reads a Hadoop filesystem through Spark: "
+                "call it on a driver with an active (classic) SparkSession"
+            )
+        fs = HadoopStore(spark, FileSinkOptions.model_validate({"path": text}).path)
+        hits: list[tuple[int, str]] = []
+        base_rel = f"{MARKER_DIR}/{COMMITS_DIR}"
+        keys = [sink_key(sink_id)] if sink_id else fs.names(base_rel)
+        for key in keys:
+            for name in fs.names(f"{base_rel}/{key}"):
+                if _MANIFEST_NAME.fullmatch(name):
+                    data = json.loads(fs.read(f"{base_rel}/{key}/{name}") or b"{}")
+                    hits += [(int(data["epoch"]), fs.url(f["path"])) for f in data["files"]]
+        return [p for _, p in sorted(hits)]
     if str(path).startswith("s3://"):
         store = S3Store(FileSinkOptions(path=str(path), **s3_options))
         base = f"{MARKER_DIR}/{COMMITS_DIR}/"
@@ -1051,7 +1486,7 @@ SINK: SinkPlugin[FileSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     coordinator_factory=make_coordinator,
     write_result_codec=JsonCodec[dict[str, Any]](version=1),
     committable_codec=JsonCodec[dict[str, Any]](version=1),
-    default_sink_id=lambda o: f"file:{o.path}",
+    default_sink_id=lambda o: f"file:{o.sink_path}",
     validate_schema=validate_schema,
     description="Parquet / ORC / JSON lines / CSV / text files, local or on S3, Hive "
     "partitions, files per epoch or rolling across epochs",
