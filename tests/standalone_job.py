@@ -1,0 +1,118 @@
+"""A streaming driver program submitted to a standalone cluster (tests/test_standalone.py).
+
+Run by ``spark-submit --master spark://... --deploy-mode client --archives env.tar.gz#env``
+(tests/standalone.py ``SubmittedJob``). It waits for the cluster's executors; with
+``--probe`` it asks them which Python they run (printed as ``EXECUTOR_PYTHON {json}``
+lines). Then it writes the Parquet files of ``--input`` to a sink exactly once, one
+micro-batch per file, with eosink's default settings (no meta store URL), and exits 0.
+The tests check the output with independent readers; the fault points (``EOSINK_FAULT``)
+kill it on the way.
+
+Unlike tests/crashjob.py it does not set ``PYSPARK_PYTHON``: the executors' Python is what
+spark-submit was given (``spark.pyspark.python=./env/bin/python``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+SCHEMA = "id long, grp string, payload string"
+
+
+def probe(_: Any) -> str:
+    """Executor side: which Python runs this task, and where its packages come from."""
+    import os
+    import sys
+    import time
+
+    import pandas
+    import pyarrow
+    import pyspark
+
+    import eosink
+
+    time.sleep(0.3)  # let the other executor take tasks too
+    return json.dumps(
+        {
+            "executable": sys.executable,
+            "prefix": sys.prefix,
+            "base_prefix": sys.base_prefix,
+            "version": list(sys.version_info[:3]),
+            "cwd": os.getcwd(),
+            "path": sys.path,
+            "eosink": eosink.__file__,
+            "pyarrow": pyarrow.__file__,
+            "pyarrow_version": pyarrow.__version__,
+            "pandas": pandas.__file__,
+            "pandas_version": pandas.__version__,
+            "pyspark": pyspark.__file__,
+            "virtual_env": os.environ.get("VIRTUAL_ENV"),
+            "pyspark_python": os.environ.get("PYSPARK_PYTHON"),
+        },
+        sort_keys=True,
+    )
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sink", choices=["file", "iceberg"], required=True)
+    p.add_argument("--input", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--checkpoint", required=True)
+    p.add_argument("--writer", default="", help="the sink's writer option (default: its own)")
+    p.add_argument("--executors", type=int, default=2)
+    p.add_argument("--probe", action="store_true", help="print the executors' Python first")
+    a = p.parse_args()
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+
+    from pyspark.sql import SparkSession
+
+    import eosink
+
+    # The master, deploy mode, archives and Pythons come from spark-submit, as in any
+    # submitted application (eosink.spark_session() would set its own master, local[2]).
+    spark = SparkSession.builder.appName("eosink-standalone").getOrCreate()
+    sc = spark.sparkContext
+    print(f"MASTER {sc.master}", flush=True)
+    deadline = time.monotonic() + 60
+    while True:
+        executors = sc._jsc.sc().getExecutorMemoryStatus().size() - 1  # less the driver
+        if executors >= a.executors or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    print(f"EXECUTORS {executors}", flush=True)
+    if a.probe:
+        for line in sorted(set(sc.parallelize(range(8), 8).map(probe).collect())):
+            print(f"EXECUTOR_PYTHON {line}", flush=True)
+
+    opts: dict[str, Any] = {}
+    if a.sink == "file":
+        opts["path"] = a.out
+    else:
+        opts.update(table="db.events", warehouse=a.out)
+    if a.writer:
+        opts["writer"] = a.writer
+    sdf = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(a.input)
+    h = eosink.run(
+        sdf,
+        sink=a.sink,
+        checkpoint_location=a.checkpoint,
+        trigger={"availableNow": True},
+        **opts,
+    )
+    h.await_termination()
+    print("RESULT", json.dumps([f.as_dict() for f in h.figures]), flush=True)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
