@@ -122,8 +122,17 @@ def _log4j2_file(level: str) -> str | None:
     return path
 
 
+def _submitted() -> bool:
+    """Whether this driver's master comes from elsewhere: a JVM started by ``spark-submit``
+    (or the pyspark shell: ``PYSPARK_GATEWAY_PORT``), or ``--master`` in
+    ``PYSPARK_SUBMIT_ARGS``."""
+    return bool(os.environ.get("PYSPARK_GATEWAY_PORT")) or "--master" in os.environ.get(
+        "PYSPARK_SUBMIT_ARGS", ""
+    )
+
+
 def spark_session(
-    master: str = "local[2]",
+    master: str | None = None,
     app_name: str = "eosink",
     *,
     log_level: str | None = None,
@@ -141,7 +150,10 @@ def spark_session(
     Spark's logging unless a level is asked for explicitly (then ``setLogLevel``).
 
     Args:
-        master: Spark master URL (``local[2]``, ``spark://host:7077``...).
+        master: Spark master URL (``local[2]``, ``spark://host:7077``...). Default: the
+            master ``spark-submit`` gave the application (``--master``, also through
+            ``PYSPARK_SUBMIT_ARGS``), else ``local[2]``. A submitted job on a cluster keeps
+            its cluster.
         app_name: application name.
         log_level: Spark's log level: ``OFF``, ``FATAL``, ``ERROR``, ``WARN``, ``INFO``,
             ``DEBUG``, ``TRACE`` or ``ALL`` (case-insensitive). Default: the environment
@@ -156,14 +168,20 @@ def spark_session(
     """
     level, explicit = _spark_log_level(log_level)
     os.environ["JAVA_HOME"] = find_java()
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master is None and not _submitted():
+        master = "local[2]"
+    if master is not None and master.startswith("local"):
+        # Executors on this machine run this Python. On a cluster the executors' Python
+        # is the cluster's (spark.pyspark.python, PYSPARK_PYTHON): this driver's path may
+        # not exist on the nodes.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
+    b = SparkSession.builder if master is None else SparkSession.builder.master(master)
     b = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        b.appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")

@@ -73,13 +73,11 @@ def main() -> int:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
-    from pyspark.sql import SparkSession
-
     import eosink
 
     # The master, deploy mode, archives and Pythons come from spark-submit, as in any
-    # submitted application (eosink.spark_session() would set its own master, local[2]).
-    spark = SparkSession.builder.appName("eosink-standalone").getOrCreate()
+    # submitted application: eosink.spark_session() keeps them (MASTER is checked).
+    spark = eosink.spark_session(app_name="eosink-standalone")
     sc = spark.sparkContext
     print(f"MASTER {sc.master}", flush=True)
     deadline = time.monotonic() + 60

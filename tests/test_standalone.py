@@ -126,6 +126,8 @@ def test_standalone_driver_killed_and_restarted_on_another_machine(
     code = job.run("machine-a", fault="before_commit@2", probe=True)
     assert job.fired() == ["before_commit"], (code, job.last_log())
     assert code != 0
+    # eosink.spark_session() in a submitted job keeps spark-submit's --master.
+    assert f"MASTER {cluster_job.master_url}" in job.last_log(), job.last_log()
     _check_executor_python(job, cluster_job)
     # Killed mid-stream: epoch 0 (one input file) committed, epoch 1 checkpointed only.
     visible = _sink_rows(job, sink)
