@@ -62,6 +62,7 @@ import eosink
 from eosink import (
     ConfigError,
     CoordinatedSinkWriter,
+    JournalHome,
     JsonCodec,
     Prepared,
     Rolling,
@@ -673,6 +674,7 @@ class FileCoordinator(
     StagedEpochs,
     TargetMarker,
     Rolling,
+    JournalHome,
 ):
     """Publishes an epoch's staged files atomically; deletes them on abort.
 
@@ -963,6 +965,11 @@ class FileCoordinator(
 
     def target_id(self) -> str:
         return f"file:{self.opts.sink_path}"
+
+    def journal_location(self) -> str | None:
+        """The core's batch journal: ``_eosink/journal`` beside the files (local paths)."""
+        local = self.opts.local_path
+        return None if local is None else str(local / MARKER_DIR / "journal")
 
     # -- the marker ------------------------------------------------------------------------
     def read_marker(self) -> dict[str, Any] | None:
