@@ -199,7 +199,7 @@ class CheckpointDir:
                     fh.flush()
                     os.fsync(fh.fileno())
                 os.replace(tmp, path)
-            _fsync_dir(path.parent)
+            fsync_path(path.parent)
             return True
         p = self._jp(rel)
         try:
@@ -257,7 +257,8 @@ class CheckpointDir:
         return lineage
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a directory: the names created or renamed in it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

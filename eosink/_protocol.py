@@ -825,32 +825,19 @@ class SinkRuntime:
         fault_point("after_pre_commit")
         batch_end = time.time()
         pre_ms = (time.perf_counter() - t0) * 1000
-        if self.journal is not None and self.lineage not in BATCH_ORIGINS:
-            # Before the PENDING row, so before Spark's checkpoint: a driver on another
-            # machine finishes the epoch from the checkpoint alone. (No fence check here:
-            # the batch's decision checked it; a zombie's entry loses to a newer
-            # generation's entry of the same epoch, and Spark's checkpoint takes one batch.)
-            assert self.journal.generation is not None
-            self.journal.record(
+        # Before the PENDING row (so before Spark's checkpoint): a driver on another machine
+        # finishes the epoch from the journal alone, a stream's in its checkpoint, a batch
+        # run's beside the target. (No fence check here: the batch's decision made it; a
+        # zombie's entry loses to a newer generation's entry of the same epoch.)
+        batch = self.lineage in BATCH_ORIGINS
+        journal = self.batch_journal if batch else self.journal
+        if journal is not None:
+            generation = self.generation if batch else journal.generation
+            assert generation is not None
+            journal.record(
                 Entry(
                     epoch=epoch,
-                    generation=self.journal.generation,
-                    committable=data,
-                    codec_version=self.plugin.committable_codec.version,
-                    rows=rows,
-                    files=files,
-                    bytes=nbytes,
-                    batch_end_at=batch_end,
-                    pre_commit_ms=pre_ms,
-                    origin=self.lineage,
-                )
-            )
-        if self.batch_journal is not None and self.lineage in BATCH_ORIGINS:
-            # Before the PENDING row: a re-run on another machine finishes the epoch.
-            self.batch_journal.record(
-                Entry(
-                    epoch=epoch,
-                    generation=self.generation,
+                    generation=generation,
                     committable=data,
                     codec_version=self.plugin.committable_codec.version,
                     rows=rows,

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eosink import SinkError, fault_point
+from eosink._checkpoint import fsync_path
 
 from ._s3 import MIN_PART_BYTES, S3Store, local_tmp_dir
 
@@ -772,15 +773,6 @@ def piece_ext(rel: str) -> str:
     """A file name's extension after its first dot: ``parquet``, ``jsonl.gz``; Spark's
     ``part-...c000.snappy.parquet`` gives ``snappy.parquet`` (its ``c000`` dropped)."""
     return re.sub(r"^c\d+\.", "", rel.rsplit("/", 1)[-1].split(".", 1)[1])
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = [

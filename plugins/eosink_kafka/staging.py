@@ -21,7 +21,6 @@ directory, then uploads it in ``finish_write``).
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import socket
 from abc import ABC, abstractmethod
@@ -33,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eosink import ConfigError, CoordinatedSinkWriter, SinkError, WriterContext
+from eosink._checkpoint import fsync_path
 from eosink._s3 import local_tmp_dir, s3_client, split_s3
 
 from .options import COLUMNS, KafkaSinkOptions, sink_key
@@ -54,15 +54,6 @@ log = logging.getLogger("eosink.kafka")
 
 Record = tuple[Any, Any, Any, Any, Any]
 """(topic, value, key, headers, partition) of one record, as produced."""
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Stage(ABC):
