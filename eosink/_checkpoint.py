@@ -43,25 +43,50 @@ class CheckpointDir:
     """A streaming query's checkpoint location, as eosink needs it."""
 
     def __init__(self, spark: Any, location: str, *, via_hadoop: bool = False) -> None:
-        """``via_hadoop``: go through Spark's Hadoop FileSystem even for a local location
-        (``file:///...``), as for any other scheme."""
-        self.location = location
-        local = location.removeprefix("file://") if location.startswith("file://") else location
-        self._local: Path | None = None if "://" in local or via_hadoop else Path(local).resolve()
-        self._fs: Any = None
+        """``spark``: the driver's session, or None (a local location only).
+
+        With a session, the location is qualified as Spark qualifies it (Hadoop's
+        ``makeQualified``): a path without a scheme is on the cluster's default file system
+        (``fs.defaultFS``: HDFS on most YARN clusters, ``dbfs:`` on Databricks), not
+        necessarily on this driver's disk, and ``file:/x`` is the local ``/x``. A local result
+        is read directly; anything else through Spark's Hadoop FileSystem. ``via_hadoop``:
+        go through Hadoop even for a local location.
+        """
         self._spark = spark
-        if self._local is None:
-            if spark is None:
+        self._fs: Any = None
+        if spark is not None:
+            jvm = spark.sparkContext._jvm
+            conf = spark.sparkContext._jsc.hadoopConfiguration()
+            self._jpath = jvm.org.apache.hadoop.fs.Path
+            try:
+                fs = self._jpath(location).getFileSystem(conf)
+                uri = fs.makeQualified(self._jpath(location)).toUri()
+            except Exception as exc:
+                from .errors import ConfigError
+
+                first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+                raise ConfigError(
+                    f"checkpoint location {location!r}: Spark cannot reach it ({first}). Use a "
+                    "location of a file system Spark is configured for (HDFS, s3a:// with "
+                    "hadoop-aws, abfs://, gs://, a local or mounted path)"
+                ) from None
+            if uri.getScheme() == "file" and not via_hadoop:
+                location = str(uri.getPath())
+            else:
+                location = str(uri.toString())
+                self._fs = fs
+        self.location = location
+        self._local: Path | None = None
+        if self._fs is None:
+            local = re.sub(r"^file:(//)?", "", location)
+            if "://" in local or ":" in local.split("/", 1)[0]:
                 from .errors import ConfigError
 
                 raise ConfigError(
                     f"checkpoint location {location!r} is not local; format('eosink') streams "
                     "need a local one (eosink.run reads any Hadoop filesystem)"
                 )
-            jvm = spark.sparkContext._jvm
-            conf = spark.sparkContext._jsc.hadoopConfiguration()
-            self._jpath = jvm.org.apache.hadoop.fs.Path
-            self._fs = self._jpath(location).getFileSystem(conf)
+            self._local = Path(local).resolve()
 
     # -- Spark's commit log ------------------------------------------------------------
     def has_commit(self, batch_id: int) -> bool:

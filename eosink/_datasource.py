@@ -354,7 +354,9 @@ class EosinkDataSource(DataSource):
         finally:
             _close(rt)
         assert rt.journal is not None and rt.journal.generation is not None
-        return _StreamWriter(s, base, rt.lineage, arrow, setup, (checkpoint, rt.journal.generation))
+        return _StreamWriter(
+            s, base, rt.lineage, arrow, setup, (rt.journal.ckpt.location, rt.journal.generation)
+        )
 
 
 def register(spark: Any) -> None:

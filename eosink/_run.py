@@ -121,6 +121,11 @@ def run(
             raise ConfigError("trigger and checkpoint_location are for streaming DataFrames")
         if epoch is not None and epoch < 0:
             raise ConfigError(f"epoch must be >= 0, not {epoch}")
+    if streaming:
+        # Where Spark puts the checkpoint: a path without a scheme is on the cluster's
+        # default file system (HDFS on YARN), which is where eosink's journal and a sink's
+        # default staging go too.
+        checkpoint_location = CheckpointDir(df.sparkSession, checkpoint_location or "").location
     # A sink's unset staging_path: under the stream's checkpoint, or refused on a cluster.
     options = resolve_staging_path(
         options,
@@ -217,7 +222,7 @@ def _start_stream(
     last = ckpt.last_committed_batch()
     first = base + (0 if last is None else last + 1)
     # Inline mode may have crashed in the middle of a commit: every PENDING epoch holds
-    # complete data, so finish them all; the replayed batch is then skipped (rule 4).
+    # complete data, so finish them all; the replayed batch is then skipped (rule 5).
     runtime.recover(first_epoch=sys.maxsize if commit_mode == "inline" else first)
     base = runtime.rebase_stream(ckpt, base)
     sid = runtime.sink_id

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from eosink import FencedError
+from eosink import ConfigError, FencedError
 from eosink._checkpoint import CheckpointDir
 from eosink._journal import Entry, Journal
 
@@ -78,3 +78,24 @@ def test_torn_entries_are_ignored(tmp_path: Path) -> None:
     ckpt.write_bytes(f"{j.dir}/generations/{2:012d}.json", b"{")
     assert sorted(j.entries()) == [3]
     assert (j.state() or {})["generation"] == 1  # the newest generation that reads whole
+
+
+def test_checkpoint_location_is_qualified_as_spark_does(spark: Any, tmp_path: Path) -> None:
+    """A checkpoint path without a scheme is where Spark puts it: on the cluster's default
+    file system (HDFS on YARN), not necessarily on the driver's disk; ``file:/x`` is ``/x``."""
+    assert CheckpointDir(spark, f"file:{tmp_path}/a").location == f"{tmp_path}/a"
+    assert CheckpointDir(None, f"file:{tmp_path}/a").location == f"file:{tmp_path}/a"
+    assert CheckpointDir(None, f"file:{tmp_path}/a")._local == tmp_path / "a"
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    before = conf.get("fs.defaultFS")
+    conf.set("fs.defaultFS", "hdfs://127.0.0.1:9")  # nothing listens: qualifying only
+    try:
+        ckpt = CheckpointDir(spark, "/chk/orders")
+        assert ckpt.location == "hdfs://127.0.0.1:9/chk/orders"
+        assert ckpt._local is None  # the journal goes through Hadoop, beside Spark's files
+    finally:
+        conf.set("fs.defaultFS", before)
+    with pytest.raises(ConfigError, match="Spark cannot reach it"):
+        CheckpointDir(spark, "nosuchscheme://bucket/chk")
+    with pytest.raises(ConfigError, match="need a local one"):
+        CheckpointDir(None, "dbfs:/chk")
