@@ -37,7 +37,13 @@ CHAIN = [
     "before_commit@2",
 ]
 # The other sinks: the points where their own code runs.
-SHORT_CHAIN = ["after_persist@2", "before_commit@1", "mid_commit@1", "after_mark_committed@1"]
+SHORT_CHAIN = [
+    "after_persist@2",
+    "before_commit@1",
+    "mid_commit@1",
+    "after_commit@1",
+    "after_mark_committed@1",
+]
 FILES = 8  # input files: one micro-batch each, enough for the whole chain
 
 
