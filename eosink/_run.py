@@ -121,11 +121,13 @@ def run(
             raise ConfigError("trigger and checkpoint_location are for streaming DataFrames")
         if epoch is not None and epoch < 0:
             raise ConfigError(f"epoch must be >= 0, not {epoch}")
+    ckpt: CheckpointDir | None = None
     if streaming:
         # Where Spark puts the checkpoint: a path without a scheme is on the cluster's
         # default file system (HDFS on YARN), which is where eosink's journal and a sink's
         # default staging go too.
-        checkpoint_location = CheckpointDir(df.sparkSession, checkpoint_location or "").location
+        ckpt = CheckpointDir(df.sparkSession, checkpoint_location or "")
+        checkpoint_location = ckpt.location
     # A sink's unset staging_path: under the stream's checkpoint, or refused on a cluster.
     options = resolve_staging_path(
         options,
@@ -147,11 +149,12 @@ def run(
             finally:
                 runtime.close()
                 store.close()
+        assert ckpt is not None
         return _start_stream(
             df,
             runtime,
             schema,
-            checkpoint_location or "",
+            ckpt,
             trigger,
             commit_mode,
             new_checkpoint,
@@ -209,14 +212,13 @@ def _start_stream(
     df: DataFrame,
     runtime: SinkRuntime,
     schema: pa.Schema,
-    checkpoint_location: str,
+    ckpt: CheckpointDir,
     trigger: dict[str, Any] | str | None,
     commit_mode: str,
     new_checkpoint: str,
     query_name: str | None,
 ) -> StreamingHandle:
-    spark = df.sparkSession
-    ckpt = CheckpointDir(spark, checkpoint_location)
+    checkpoint_location = ckpt.location
     ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
     base = runtime.open_stream(ckpt, new_checkpoint, inline=commit_mode == "inline")
     last = ckpt.last_committed_batch()
@@ -312,10 +314,7 @@ def _warn_if_unfenced(df: DataFrame, store: MetaStore, sink_id: str) -> None:
     cannot do (streams have their checkpoint's journal; a batch run has none)."""
     if store.engine.dialect.name != "sqlite":
         return
-    try:
-        master = str(df.sparkSession.conf.get("spark.master", None) or "local")
-    except Exception:  # no such setting (Spark Connect may hide it): nothing to say
-        return
+    master = spark_master(df.sparkSession) or "local"
     if master.startswith("local"):
         return
     log.warning(
