@@ -180,14 +180,16 @@ def spark_session(
     from pyspark.sql import SparkSession
 
     b = SparkSession.builder if master is None else SparkSession.builder.master(master)
-    b = (
-        b.appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-    )
+    b = b.appName(app_name).config("spark.sql.execution.arrow.pyspark.enabled", "true")
+    if master is not None and master.startswith("local"):
+        # A laptop's defaults. On a cluster (a submitted job) the cluster's own settings
+        # and spark-submit's --conf stand: two shuffle partitions would starve it.
+        b = (
+            b.config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.sql.session.timeZone", "UTC")
+        )
     for k, v in conf.items():
         b = b.config(k.replace("__", "."), v)
     running = SparkContext._active_spark_context is not None

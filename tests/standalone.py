@@ -718,6 +718,8 @@ class SubmittedJob:
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
             "spark.scheduler.maxRegisteredResourcesWaitingTime": "60s",
             "spark.ui.enabled": "false",
+            # A cluster's own settings: eosink.spark_session() leaves them alone there.
+            "spark.sql.shuffle.partitions": "2",
         }
         cmd = [
             str(spark_home() / "bin" / "spark-submit"),
