@@ -116,7 +116,9 @@ def _leftovers(job: SubmittedJob, sink: str) -> list[str]:
     return orphan_files(job.iceberg_options())
 
 
-@pytest.mark.parametrize("sink", ["file", "iceberg"])
+# The iceberg sink runs the same restart on one machine in tests/test_driver_moves.py; on the
+# cluster one sink proves the deployment (CI time: one application at a time, ~2 min each).
+@pytest.mark.parametrize("sink", ["file"])
 def test_standalone_driver_killed_and_restarted_on_another_machine(
     tmp_path: Path, packed_env: Path, cluster_job: StandaloneCluster, sink: str
 ) -> None:
