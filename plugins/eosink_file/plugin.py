@@ -798,7 +798,7 @@ class FileCoordinator(
         """
         stage_rel = f"{self.staging_rel}/{epoch}/{attempt}"
         fmt = self.opts.format
-        w = df.write.format(fmt).mode("errorifexists")
+        w = df.write.format(fmt).mode("error")
         w = w.option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
         w = w.option("compression", self.opts.codec)
         if fmt == "csv":  # what the Python writers write: a header, RFC 4180 quoting

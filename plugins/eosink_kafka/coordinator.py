@@ -217,7 +217,7 @@ class KafkaCoordinator(
         assert isinstance(self.stage, LocalStage)
         root = self.stage.root
         stage = root / self.key / str(epoch) / attempt
-        df.write.mode("errorifexists").option(
+        df.write.mode("error").option(
             "mapreduce.fileoutputcommitter.marksuccessfuljobs", "false"
         ).parquet(str(stage))
         files: list[dict[str, Any]] = []
