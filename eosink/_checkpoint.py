@@ -14,6 +14,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from ._session import is_connect
+
 LINEAGE_FILE = "eosink-lineage.json"
 
 log = logging.getLogger("eosink")
@@ -54,6 +56,21 @@ class CheckpointDir:
         """
         self._spark = spark
         self._fs: Any = None
+        self.connect = is_connect(spark)
+        """A Spark Connect client's checkpoint: local to this machine and the server's."""
+        if self.connect:
+            spark = self._spark = None
+            local = re.sub(r"^file:(//)?", "", location)
+            if "://" in local or ":" in local.split("/", 1)[0]:
+                from .errors import ConfigError
+
+                raise ConfigError(
+                    f"checkpoint location {location!r}: over Spark Connect, eosink reads and "
+                    "writes the checkpoint from this client and from the server's Python "
+                    "worker, so it must be a file system path both can open: a local path "
+                    "when they share a machine, else a mounted one (NFS, /dbfs/..., "
+                    "/Volumes/...). Object stores and HDFS are for classic sessions"
+                )
         if spark is not None:
             jvm = spark.sparkContext._jvm
             conf = spark.sparkContext._jsc.hadoopConfiguration()
@@ -86,7 +103,17 @@ class CheckpointDir:
                     f"checkpoint location {location!r} is not local; format('eosink') streams "
                     "need a local one (eosink.run reads any Hadoop filesystem)"
                 )
-            self._local = Path(local).resolve()
+            self._local = Path(local).expanduser().resolve()
+            if self.connect:
+                self.location = str(self._local)
+
+    @property
+    def spark_location(self) -> str:
+        """The location as Spark's ``checkpointLocation`` option: a Spark Connect client
+        gives the server a ``file:`` URI (a bare path is on the server's ``fs.defaultFS``)."""
+        if self.connect and self._local is not None:
+            return self._local.as_uri()
+        return self.location
 
     # -- Spark's commit log ------------------------------------------------------------
     def has_commit(self, batch_id: int) -> bool:

@@ -57,9 +57,10 @@ from pyspark.sql.types import StructType
 from . import errors
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
-from ._metastore import BATCH, MetaStore, default_url
-from ._protocol import SinkRuntime
-from ._staging import resolve_staging_path
+from ._metastore import BATCH
+from ._protocol import WRITE, Epoch, SinkRuntime
+from ._session import is_connect
+from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._tasks import run_writer
 from .errors import ConfigError, EosinkError
 from .registry import get_sink
@@ -96,14 +97,6 @@ def _value(v: str) -> Any:
     return v
 
 
-@dataclass(frozen=True)
-class _Setup:
-    plugin: SinkPlugin[Any, Any, Any]
-    options: Any
-    sink_id: str
-    metastore_url: str
-
-
 def _declared_keys(plugin: SinkPlugin[Any, Any, Any], opts: dict[str, Any]) -> dict[str, Any]:
     """``opts`` (keys lowercased by Spark) with each key spelled as the sink declares it.
 
@@ -136,7 +129,10 @@ def _declared_keys(plugin: SinkPlugin[Any, Any, Any], opts: dict[str, Any]) -> d
     return out
 
 
-def _setup(raw: dict[str, str], checkpoint: str | None) -> _Setup:
+def _setup(
+    raw: dict[str, str], checkpoint: str | None, *, streaming: bool, schema: pa.Schema
+) -> SinkSetup:
+    """The shared setup step (:func:`eosink._setup.prepare_sink`) from Spark's options."""
     opts = {k.lower(): v for k, v in raw.items()}
     name = opts.get("sink")
     if not name:
@@ -146,29 +142,23 @@ def _setup(raw: dict[str, str], checkpoint: str | None) -> _Setup:
     sink_opts = {k: _value(v) for k, v in opts.items() if k not in _CORE_KEYS}
     if "path" in opts:
         sink_opts["path"] = opts["path"]
-    options = plugin.parse_options(_declared_keys(plugin, sink_opts))
     # The driver side runs in a Python worker without a SparkSession: the master is unknown
     # (a batch write's default staging is then this machine's; the sink verifies it).
-    options = resolve_staging_path(
-        options, sink=plugin.name, checkpoint_location=checkpoint, master=None
-    )
-    return _Setup(
-        plugin,
-        options,
-        opts.get("sink_id") or plugin.default_sink_id(options),
-        opts.get("metastore_url") or default_url(checkpoint),
+    return prepare_sink(
+        name,
+        _declared_keys(plugin, sink_opts),
+        streaming=streaming,
+        sink_id=opts.get("sink_id"),
+        metastore_url=opts.get("metastore_url"),
+        checkpoint_location=checkpoint,
+        epoch=opts.get("epoch"),
+        new_checkpoint=opts.get("new_checkpoint", "refuse"),
+        schema=schema,
     )
 
 
-def _runtime(s: _Setup, lineage: str = BATCH) -> SinkRuntime:
-    rt = SinkRuntime(s.plugin, s.options, s.sink_id, MetaStore(s.metastore_url))
-    try:
-        rt.start()
-    except BaseException:
-        rt.store.close()
-        raise
-    rt.lineage = lineage
-    return rt
+def _runtime(s: SinkSetup, lineage: str = BATCH) -> SinkRuntime:
+    return open_runtime(s, lineage)
 
 
 def _close(rt: SinkRuntime) -> None:
@@ -177,7 +167,7 @@ def _close(rt: SinkRuntime) -> None:
 
 
 def _write(
-    s: _Setup, epoch: int, skip: bool, batches: Iterator[pa.RecordBatch], setup: Any
+    s: SinkSetup, epoch: int, skip: bool, batches: Iterator[pa.RecordBatch], setup: Any
 ) -> _Message:
     if skip:
         for _ in batches:
@@ -188,22 +178,28 @@ def _write(
 
 
 def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: bool) -> None:
-    """Phase 1 and 2 of an epoch written by the data source's tasks (or discard a replay)."""
-    ep = rt.stream_epoch(epoch, inline=True) if stream else None
-    if ep is not None and ep.skipped:
-        log.info(
-            "sink %s epoch %d: replay of a committed epoch; output discarded", rt.sink_id, epoch
-        )
-        rt.discard(epoch)
-        return
-    if not stream:
+    """Phase 1 and 2 of an epoch written by the data source's tasks (or discard a replay).
+
+    A stream's epoch is decided here (recovery first: this front end commits inline); a
+    batch's was decided by :meth:`EosinkDataSource.writer` on the driver side."""
+    if stream:
+        ep = rt.stream_epoch(epoch, inline=True)
+        if ep.skipped:
+            log.info(
+                "sink %s epoch %d: replay of a committed epoch; output discarded",
+                rt.sink_id,
+                epoch,
+            )
+            ep.discard()
+            return
+    else:
         rt.use_batch_journal()
+        ep = Epoch(rt, epoch, WRITE)
     codec = rt.plugin.write_result_codec
     msgs = [m for m in messages if isinstance(m, _Message) and m.result is not None]
     results = [codec.decode(m.result, codec.version) for m in msgs if m.result is not None]
-    rows = sum(m.rows for m in msgs)
-    committable, fig = rt.pre_commit(epoch, results, rows=rows, write_s=0.0)
-    rt.commit_epoch(epoch, committable, fig)
+    ep.prepare(results, sum(m.rows for m in msgs), 0.0)
+    ep.commit()
     # Files that span epochs: a batch write publishes everything; a stream what is due by
     # time (this front end has no stop hook: open files roll at a later micro-batch).
     rt.roll(everything=not stream)
@@ -217,7 +213,7 @@ def _arrow(schema: StructType) -> pa.Schema:
 
 class _BatchWriter(DataSourceArrowWriter):
     def __init__(
-        self, s: _Setup, epoch: int, skip: bool, schema: pa.Schema, setup: Any, lineage: str
+        self, s: SinkSetup, epoch: int, skip: bool, schema: pa.Schema, setup: Any, lineage: str
     ) -> None:
         self.setup, self.lineage = setup, lineage
         self.s, self.epoch, self.skip, self.schema = s, epoch, skip, schema
@@ -264,7 +260,7 @@ def _as_batches(items: Iterator[Any], schema: pa.Schema, size: int = 10_000) -> 
 class _StreamWriter(_StreamBase):
     def __init__(
         self,
-        s: _Setup,
+        s: SinkSetup,
         base: int,
         lineage: str,
         schema: pa.Schema,
@@ -317,18 +313,11 @@ class EosinkDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> _BatchWriter:
         if overwrite:
             raise ConfigError('format("eosink") appends exactly once; use mode("append")')
-        s = _setup(dict(self.options), None)
         arrow = _arrow(schema)
-        if s.plugin.validate_schema is not None:
-            s.plugin.validate_schema(s.options, arrow)
+        s = _setup(dict(self.options), None, streaming=False, schema=arrow)
         rt = _runtime(s)
         try:
-            raw = {k.lower(): v for k, v in dict(self.options).items()}.get("epoch")
-            try:
-                wanted = int(raw) if raw is not None else None
-            except ValueError:
-                raise ConfigError(f"option epoch must be an integer, not {raw!r}") from None
-            ep = rt.batch_epoch(wanted)  # a crashed run's complete epoch is committed here
+            ep = rt.batch_epoch(s.epoch)  # a crashed run's complete epoch is committed here
             setup = None if ep.skipped else ep.setup(arrow)
         finally:
             _close(rt)
@@ -339,16 +328,14 @@ class EosinkDataSource(DataSource):
         checkpoint = opts.get("checkpointlocation")
         if not checkpoint:
             raise ConfigError('format("eosink") streams need .option("checkpointLocation", ...)')
-        s = _setup(opts, checkpoint)
         arrow = _arrow(schema)
-        if s.plugin.validate_schema is not None:
-            s.plugin.validate_schema(s.options, arrow)
+        s = _setup(opts, checkpoint, streaming=True, schema=arrow)
         from pyspark.sql import SparkSession
 
         rt = _runtime(s)
         try:
             ckpt = CheckpointDir(SparkSession.getActiveSession(), checkpoint)
-            base = rt.open_stream(ckpt, opts.get("new_checkpoint", "refuse"), inline=True)
+            base = rt.open_stream(ckpt, s.new_checkpoint, inline=True)
             base = rt.rebase_stream(ckpt, base)
             setup = rt.coordinator.writer_setup(arrow)
         finally:
@@ -366,7 +353,7 @@ def register(spark: Any) -> None:
     driver (see the module's docstring).
     """
     spark.dataSource.register(EosinkDataSource)
-    _install_error_conversion()
+    _install_error_conversion(connect=is_connect(spark))
 
 
 _TRACEBACK = "Traceback (most recent call last):"
@@ -456,22 +443,36 @@ def _note(err: BaseException, note: str) -> None:
         add_note(note)
 
 
-def _install_error_conversion() -> None:
-    """Wrap pyspark's ``convert_exception`` once per process (see the module's docstring)."""
+def _install_error_conversion(connect: bool = False) -> None:
+    """Wrap pyspark's ``convert_exception`` once per process (see the module's docstring):
+    classic sessions' (``pyspark.errors.exceptions.captured``) and, for a Spark Connect
+    client, the one its client module imported (``pyspark.sql.connect.client.core``)."""
     try:
         from pyspark.errors.exceptions import captured
     except ImportError:  # pragma: no cover - pyspark without the classic exception module
+        pass
+    else:
+        _wrap(captured, "convert_exception")
+    if not connect:
         return
-    original = getattr(captured, "convert_exception", None)
+    try:
+        from pyspark.sql.connect.client import core
+    except ImportError:  # the Spark Connect client packages are not installed
+        return
+    _wrap(core, "convert_exception")
+
+
+def _wrap(module: Any, name: str) -> None:
+    original = getattr(module, name, None)
     if original is None or getattr(original, "__eosink__", False):
         return
 
-    def convert_exception(e: Any) -> Any:
-        converted = original(e)
+    def convert_exception(*args: Any, **kwargs: Any) -> Any:
+        converted = original(*args, **kwargs)
         try:
             return _eosink_error_of(converted) or converted
         except Exception:  # never make an error worse
             return converted
 
     convert_exception.__eosink__ = True  # type: ignore[attr-defined]
-    captured.convert_exception = convert_exception
+    setattr(module, name, convert_exception)

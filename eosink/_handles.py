@@ -7,8 +7,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
-from .sink import Rolling
+from ._protocol import EpochFigures
+from ._stream import StreamBatches, eosink_error_of_stream, finish_stream
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -52,6 +52,10 @@ class StreamingHandle:
     checkpointed is committed and visible. ``figures`` holds one :class:`EpochFigures` per
     micro-batch (rows, pre-commit and commit durations, visibility lag).
 
+    Over Spark Connect the micro-batches run in the server's Python worker: ``figures`` is
+    filled from the meta store when the query ends, and ``stop()`` / ``await_termination()``
+    commit from this client what the server's worker had not committed yet.
+
     Attributes:
         query: the Spark ``StreamingQuery``.
         sink_id: the sink.
@@ -61,12 +65,20 @@ class StreamingHandle:
 
     query: StreamingQuery
     sink_id: str
-    runtime: SinkRuntime
-    committer: AsyncCommitter | None
     epoch_base: int
+    batches: StreamBatches
+    first_epoch: int = 0
     figures: list[EpochFigures] = field(default_factory=list)
     _closed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.figures = self.batches.figures
+
+    @property
+    def remote(self) -> bool:
+        """Whether the micro-batches run on a Spark Connect server (not in this process)."""
+        return self.batches.live is None
 
     @property
     def id(self) -> str:
@@ -82,43 +94,23 @@ class StreamingHandle:
         """The epochs this handle's micro-batches wrote that are committed so far, in order."""
         return [f.epoch for f in self.figures if f.committed_at]
 
-    def __post_init__(self) -> None:
-        self._stop_rolls = threading.Event()
-        self._roller: threading.Thread | None = None
-        if isinstance(self.runtime.coordinator, Rolling):
-            self._roller = threading.Thread(
-                target=self._roll_loop, name=f"eosink-roll-{self.sink_id}", daemon=True
-            )
-            self._roller.start()
-
-    def _roll_loop(self) -> None:
-        """Publish open files that are due by time (rollover, inactivity) between batches."""
-        coord = self.runtime.coordinator
-        assert isinstance(coord, Rolling)
-        while not self._stop_rolls.is_set():
-            wait = coord.next_roll_in()
-            if wait is not None and wait <= 0:
-                try:
-                    self.runtime.roll(everything=False)
-                except Exception:
-                    log.exception("sink %s: rolling open files failed; retrying", self.sink_id)
-                    self._stop_rolls.wait(5.0)
-                    continue
-                wait = coord.next_roll_in()
-            self._stop_rolls.wait(min(1.0, wait) if wait is not None else 1.0)
-
     def _finish(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._stop_rolls.set()
-        if self._roller is not None:
-            self._roller.join()
+        live = self.batches.live
+        if live is None:  # Spark Connect: the server's worker is gone with the query
+            figures = finish_stream(self.batches.settings, self.first_epoch)
+            self.figures[:] = figures
+            return
+        if live.roller is not None:
+            live.roller.stop()
+        committer = live.committer
         try:
-            if self.committer is not None:
-                self.committer.drain(until_checkpointed=True)
-                left = self.committer.outstanding()
+            if committer is not None:
+                committer.drain(until_checkpointed=True)
+                left = committer.outstanding()
                 if left:
                     log.info(
                         "sink %s: %d epoch(s) not checkpointed by Spark stay PENDING; the next "
@@ -126,12 +118,12 @@ class StreamingHandle:
                         self.sink_id,
                         left,
                     )
-            self.runtime.roll(everything=True)  # a stopped stream leaves no rows waiting
+            live.runtime.roll(everything=True)  # a stopped stream leaves no rows waiting
         finally:
-            if self.committer is not None:
-                self.committer.close()
-            self.runtime.close()
-            self.runtime.store.close()
+            if committer is not None:
+                committer.close()
+            live.runtime.close()
+            live.runtime.store.close()
 
     def stop(self) -> None:
         """Stop the query, then commit every checkpointed epoch before returning."""
@@ -143,6 +135,10 @@ class StreamingHandle:
 
         Returns:
             True if the query ended within ``timeout``.
+
+        Raises:
+            EosinkError: the error that stopped the query when eosink raised it (over Spark
+                Connect too); else Spark's ``StreamingQueryException``.
         """
         try:
             done = (
@@ -150,23 +146,43 @@ class StreamingHandle:
                 if timeout is not None
                 else (self.query.awaitTermination() or True)
             )
-        except BaseException:
-            self._finish()
-            if self.committer is not None:
-                self.committer.raise_if_failed()
+        except BaseException as exc:
+            live = self.batches.live
+            if live is None and _still_running(self.query):
+                raise  # e.g. KeyboardInterrupt: the server's query runs on; stop() ends it
+            try:
+                self._finish()
+            except Exception:
+                log.exception("sink %s: finishing the stopped stream failed", self.sink_id)
+            if live is not None and live.committer is not None:
+                live.committer.raise_if_failed()
+            err = eosink_error_of_stream(exc)
+            if err is not None:
+                raise err from exc
             raise
         if done:
             self._finish()
         return bool(done)
 
     def process_all_available(self) -> None:
-        """Block until the source's available data is processed and committed."""
+        """Block until the source's available data is processed and committed (over Spark
+        Connect: processed; the server's worker commits it just after)."""
         self.query.processAllAvailable()
-        if self.committer is not None:
-            self.committer.drain(until_checkpointed=True)
+        live = self.batches.live
+        if live is not None and live.committer is not None:
+            live.committer.drain(until_checkpointed=True)
 
     def __enter__(self) -> StreamingHandle:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _still_running(query: StreamingQuery) -> bool:
+    """Whether a Spark Connect query is still active on its server (False when the server
+    cannot be asked: it is gone, and with it the query)."""
+    try:
+        return bool(query.isActive)
+    except Exception:
+        return False

@@ -574,6 +574,12 @@ class SinkRuntime:
         self.write_marker()
         return base
 
+    def attach_stream(self, journal: Journal, base: int) -> None:
+        """Join a stream that another coordinator set up (:meth:`open_stream`, recovery):
+        a Spark Connect server's worker, or the client finishing after the query ended.
+        Claims the journal's next generation (``lineage`` must be the stream's)."""
+        self._attach(journal, base)
+
     def _attach(self, journal: Journal, base: int) -> None:
         """Claim the journal's next generation (fencing older drivers) with the stream's
         lineage and base, and keep the journal for phase 1 and the fence checks."""

@@ -15,13 +15,13 @@ import pyarrow as pa
 
 from ._checkpoint import CheckpointDir
 from ._handles import BatchResult, StreamingHandle
-from ._metastore import MetaStore, default_url
-from ._protocol import AsyncCommitter, Epoch, EpochFigures, SinkRuntime
+from ._metastore import MetaStore
+from ._protocol import AsyncCommitter, SinkRuntime
 from ._session import arrow_schema
-from ._staging import resolve_staging_path, spark_master
-from ._write import Written, write_epoch
+from ._setup import SinkSetup, open_runtime, prepare_sink
+from ._staging import spark_master
+from ._stream import Roller, StreamBatches, StreamSettings, _Live, write_or_discard
 from .errors import ConfigError
-from .registry import get_sink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -91,78 +91,56 @@ def run(
             with its data complete; that epoch is committed now and this run not written.
         MetaStoreUnavailableError: the meta store cannot be reached (nothing is published).
     """
-    plugin = get_sink(sink)
-    plugin.check_ready()  # a missing extra: MissingExtraError with its pip install, first
-    options = plugin.parse_options(sink_options)
     if commit_mode not in ("after_checkpoint", "inline"):
         raise ConfigError(
             f"commit_mode must be 'after_checkpoint' or 'inline', not {commit_mode!r}"
         )
-    if new_checkpoint not in ("refuse", "continue"):
-        raise ConfigError(f"new_checkpoint must be 'refuse' or 'continue', not {new_checkpoint!r}")
-    if not metastore_retry_s >= 0:
-        raise ConfigError(f"metastore_retry_s must be >= 0, not {metastore_retry_s!r}")
-    schema = arrow_schema(df)
-    if plugin.validate_schema is not None:
-        plugin.validate_schema(options, schema)
-    sid = sink_id or plugin.default_sink_id(options)
     streaming = bool(df.isStreaming)
+    spark = df.sparkSession
+    ckpt: CheckpointDir | None = None
     if streaming:
-        if epoch is not None:
-            raise ConfigError("epoch= is for batch DataFrames; a stream's epoch is its batchId")
         if not checkpoint_location:
             raise ConfigError(
                 "checkpoint_location is required for a streaming DataFrame: it is how Spark "
                 "and eosink resume after a crash"
             )
         trigger = _trigger(trigger)
-    else:
-        if trigger is not None or checkpoint_location is not None:
-            raise ConfigError("trigger and checkpoint_location are for streaming DataFrames")
-        if epoch is not None and epoch < 0:
-            raise ConfigError(f"epoch must be >= 0, not {epoch}")
-    ckpt: CheckpointDir | None = None
-    if streaming:
         # Where Spark puts the checkpoint: a path without a scheme is on the cluster's
         # default file system (HDFS on YARN), which is where eosink's journal and a sink's
-        # default staging go too.
-        ckpt = CheckpointDir(df.sparkSession, checkpoint_location or "")
-        checkpoint_location = ckpt.location
-    # A sink's unset staging_path: under the stream's checkpoint, or refused on a cluster.
-    options = resolve_staging_path(
-        options,
-        sink=plugin.name,
-        checkpoint_location=checkpoint_location if streaming else None,
-        master=lambda: spark_master(df.sparkSession),
+        # default staging go too. Over Spark Connect: a path this client and the server
+        # can both open.
+        ckpt = CheckpointDir(spark, checkpoint_location)
+    elif trigger is not None or checkpoint_location is not None:
+        raise ConfigError("trigger and checkpoint_location are for streaming DataFrames")
+    schema = arrow_schema(df)
+    setup = prepare_sink(
+        sink,
+        sink_options,
+        streaming=streaming,
+        sink_id=sink_id,
+        metastore_url=metastore_url,
+        metastore_retry_s=metastore_retry_s,
+        epoch=epoch,
+        new_checkpoint=new_checkpoint,
+        schema=schema,
+        checkpoint_location=ckpt.location if ckpt is not None else None,
+        master=lambda: spark_master(spark),
     )
-    store = MetaStore(
-        metastore_url or default_url(checkpoint_location if streaming else None),
-        retry_s=metastore_retry_s,
-    )
-    runtime = SinkRuntime(plugin, options, sid, store)
+    runtime = open_runtime(setup)
     try:
-        runtime.start()
         if not streaming:
-            _warn_if_unfenced(df, store, sid)
+            _warn_if_unfenced(df, runtime.store, setup.sink_id)
             try:
-                return _run_batch(df, runtime, schema, epoch)
+                return _run_batch(df, runtime, schema, setup.epoch)
             finally:
                 runtime.close()
-                store.close()
+                runtime.store.close()
         assert ckpt is not None
-        return _start_stream(
-            df,
-            runtime,
-            schema,
-            ckpt,
-            trigger,
-            commit_mode,
-            new_checkpoint,
-            query_name,
-        )
+        return _start_stream(df, runtime, setup, ckpt, trigger, commit_mode, query_name)
     except BaseException:
         if streaming:
-            store.close()
+            runtime.close()
+            runtime.store.close()
         raise
 
 
@@ -188,82 +166,46 @@ def _batch_epoch(
         log.info("sink %s epoch %d: already committed; nothing to do", sid, e)
         return BatchResult(sid, e, 0, 0, committed=True, skipped=True)
     log.info("sink %s epoch %d: writing batch DataFrame", sid, e)
-    w = _write_or_discard(df, ep, schema)
+    w = write_or_discard(df, ep, schema)
     fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
     # A batch job has no Spark checkpoint: the durable PENDING row plays that role.
     ep.commit()
     return BatchResult(sid, e, w.rows, fig.files, committed=True, figures=fig)
 
 
-def _write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
-    """Run the writers; if any fails, discard what the others staged, then re-raise."""
-    rt = ep.runtime
-    setup = ep.setup(schema)
-    try:
-        return write_epoch(
-            df, rt.plugin, rt.options, rt.sink_id, ep.epoch, setup, rt.coordinator, schema
-        )
-    except BaseException:
-        ep.discard()
-        raise
-
-
 def _start_stream(
     df: DataFrame,
     runtime: SinkRuntime,
-    schema: pa.Schema,
+    setup: SinkSetup,
     ckpt: CheckpointDir,
     trigger: dict[str, Any] | str | None,
     commit_mode: str,
-    new_checkpoint: str,
     query_name: str | None,
 ) -> StreamingHandle:
-    checkpoint_location = ckpt.location
+    inline = commit_mode == "inline"
     ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
-    base = runtime.open_stream(ckpt, new_checkpoint, inline=commit_mode == "inline")
+    base = runtime.open_stream(ckpt, setup.new_checkpoint, inline=inline)
     last = ckpt.last_committed_batch()
     first = base + (0 if last is None else last + 1)
     # Inline mode may have crashed in the middle of a commit: every PENDING epoch holds
     # complete data, so finish them all; the replayed batch is then skipped (rule 5).
-    runtime.recover(first_epoch=sys.maxsize if commit_mode == "inline" else first)
+    runtime.recover(first_epoch=sys.maxsize if inline else first)
     base = runtime.rebase_stream(ckpt, base)
+    first = base + (0 if last is None else last + 1)
     sid = runtime.sink_id
+    settings = StreamSettings(setup, ckpt.location, runtime.lineage, base, inline)
+    if ckpt.connect:
+        # Spark Connect: the micro-batches run in the server's Python worker, which builds
+        # its own coordinator from the settings (and fences this one).
+        batches = StreamBatches(settings)
+        runtime.close()
+        runtime.store.close()
+    else:
+        committer = None if inline else AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
+        batches = StreamBatches(settings)
+        batches.live = _Live(runtime, committer, batches.figures, Roller.start_for(runtime))
 
-    committer = (
-        AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
-        if commit_mode == "after_checkpoint"
-        else None
-    )
-    handle_box: list[StreamingHandle] = []
-
-    def process_batch(batch_df: DataFrame, batch_id: int) -> None:
-        if committer is not None:
-            committer.raise_if_failed()
-            committer.wake()
-        handle = handle_box[0]
-        ep = runtime.stream_epoch(base + batch_id)
-        if ep.recovered:
-            return
-        if ep.skipped:
-            log.info(
-                "sink %s epoch %d (batch %d): replay of a committed epoch; output discarded",
-                sid,
-                ep.epoch,
-                batch_id,
-            )
-            handle.figures.append(EpochFigures(ep.epoch, skipped=True))
-            return
-        w = _write_or_discard(batch_df, ep, arrow_schema(batch_df))
-        fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
-        handle.figures.append(fig)
-        if committer is None:
-            ep.commit()
-        else:
-            committer.submit(ep.epoch, ep.committable, fig)
-
-    writer = df.writeStream.foreachBatch(process_batch).option(
-        "checkpointLocation", checkpoint_location
-    )
+    writer = df.writeStream.foreachBatch(batches).option("checkpointLocation", ckpt.spark_location)
     if isinstance(trigger, dict) and trigger:
         writer = writer.trigger(**trigger)
     if query_name:
@@ -271,17 +213,23 @@ def _start_stream(
     try:
         query = writer.start()
     except BaseException:
-        if committer is not None:
-            committer.close()
+        if batches.live is not None:
+            if batches.live.roller is not None:
+                batches.live.roller.stop()
+            if batches.live.committer is not None:
+                batches.live.committer.close()
         raise
-    handle = StreamingHandle(query, sid, runtime, committer, base)
-    handle_box.append(handle)
+    if ckpt.connect:
+        runtime.close()
+        runtime.store.close()
+    handle = StreamingHandle(query, sid, base, batches, first_epoch=first)
     log.info(
-        "sink %s: streaming query %s started (epochs = %d + batchId, commit_mode=%s)",
+        "sink %s: streaming query %s started (epochs = %d + batchId, commit_mode=%s%s)",
         sid,
         query.id,
         base,
         commit_mode,
+        ", micro-batches on the Spark Connect server" if ckpt.connect else "",
     )
     return handle
 

@@ -19,7 +19,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eosink")
 
-__all__ = ["SPARK_LOG_LEVELS", "arrow_schema", "find_java", "spark_session", "spark_to_arrow"]
+__all__ = [
+    "SPARK_LOG_LEVELS",
+    "arrow_schema",
+    "find_java",
+    "is_connect",
+    "spark_session",
+    "spark_to_arrow",
+]
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (``SparkSession.builder.remote``):
+    no JVM in this process; the driver is the Connect server's."""
+    return spark is not None and type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def find_java() -> str:

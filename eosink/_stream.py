@@ -1,0 +1,273 @@
+"""The micro-batches of an ``eosink.run`` stream: the ``foreachBatch`` function.
+
+:class:`StreamBatches` is the function Spark calls with each micro-batch. On a classic session
+it runs in the driver's own Python, with the runtime this driver set the stream up with. Over
+Spark Connect, Spark runs ``foreachBatch`` functions in a Python worker on the server: the
+client pickles the function, so it holds only :class:`StreamSettings` (what the client's
+set-up decided: the validated sink, the stream's lineage and epoch base), and the worker
+builds its own runtime from them at the first micro-batch: it acquires the sink in the meta
+store and claims the journal's next generation (fencing the client's set-up runtime), then
+commits after Spark's checkpoint as a classic driver does. When the query ends, Spark stops
+that worker; the client then finishes what the worker could not (:func:`finish_stream`):
+the epochs Spark checkpointed but the worker did not commit yet, and the open files of
+sinks whose files span epochs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._checkpoint import CheckpointDir
+from ._journal import Journal
+from ._metastore import COMMITTED
+from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
+from ._session import arrow_schema
+from ._setup import SinkSetup, open_runtime
+from ._write import Written, write_epoch
+from .errors import EosinkError
+from .sink import Rolling
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    from ._protocol import Epoch
+
+log = logging.getLogger("eosink")
+
+__all__ = [
+    "StreamBatches",
+    "StreamSettings",
+    "eosink_error_of_stream",
+    "finish_stream",
+    "write_or_discard",
+]
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """What a stream's ``foreachBatch`` function needs to build its runtime anywhere
+    (picklable: Spark Connect ships it to the server).
+
+    Attributes:
+        setup: the validated sink.
+        checkpoint: the checkpoint location (a local path over Spark Connect).
+        lineage: the stream's lineage (its checkpoint's eosink marker).
+        epoch_base: epoch = base + Spark's batchId.
+        inline: commit inside the micro-batch (``commit_mode="inline"``).
+    """
+
+    setup: SinkSetup
+    checkpoint: str
+    lineage: str
+    epoch_base: int
+    inline: bool
+
+    def runtime(self) -> SinkRuntime:
+        """A new coordinator of the stream: the sink acquired in the meta store, the
+        journal's next generation claimed (every earlier coordinator is fenced)."""
+        rt = open_runtime(self.setup, self.lineage)
+        try:
+            journal = Journal(CheckpointDir(None, self.checkpoint), self.setup.sink_id)
+            rt.attach_stream(journal, self.epoch_base)
+        except BaseException:
+            rt.close()
+            rt.store.close()
+            raise
+        return rt
+
+
+def write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
+    """Run the writers; if any fails, discard what the others staged, then re-raise."""
+    rt = ep.runtime
+    setup = ep.setup(schema)
+    try:
+        return write_epoch(
+            df, rt.plugin, rt.options, rt.sink_id, ep.epoch, setup, rt.coordinator, schema
+        )
+    except BaseException:
+        ep.discard()
+        raise
+
+
+@dataclass
+class _Live:
+    """A stream's coordinator where its micro-batches run."""
+
+    runtime: SinkRuntime
+    committer: AsyncCommitter | None
+    figures: list[EpochFigures]
+    roller: Roller | None = None
+
+
+class Roller:
+    """Publishes a rolling sink's open files that are due by time (rollover, inactivity)
+    between micro-batches, in a daemon thread."""
+
+    def __init__(self, runtime: SinkRuntime) -> None:
+        self.runtime = runtime
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"eosink-roll-{runtime.sink_id}", daemon=True
+        )
+        self._thread.start()
+
+    @staticmethod
+    def start_for(runtime: SinkRuntime) -> Roller | None:
+        """A roller when the sink's files span epochs (:class:`~eosink.sink.Rolling`)."""
+        return Roller(runtime) if isinstance(runtime.coordinator, Rolling) else None
+
+    def _loop(self) -> None:
+        coord = self.runtime.coordinator
+        assert isinstance(coord, Rolling)
+        while not self._stop.is_set():
+            wait = coord.next_roll_in()
+            if wait is not None and wait <= 0:
+                try:
+                    self.runtime.roll(everything=False)
+                except Exception:
+                    log.exception(
+                        "sink %s: rolling open files failed; retrying", self.runtime.sink_id
+                    )
+                    self._stop.wait(5.0)
+                    continue
+                wait = coord.next_roll_in()
+            self._stop.wait(min(1.0, wait) if wait is not None else 1.0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@dataclass
+class StreamBatches:
+    """The ``foreachBatch`` function of an ``eosink.run`` stream (see the module).
+
+    Pickling keeps :attr:`settings` only: the live state (runtime, committer) is this
+    process's, and a worker that unpickles the function builds its own.
+    """
+
+    settings: StreamSettings
+    live: _Live | None = None
+    figures: list[EpochFigures] = field(default_factory=list)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"settings": self.settings}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.settings = state["settings"]
+        self.live = None
+        self.figures = []
+
+    def _open(self) -> _Live:
+        """Build the runtime from the settings: the first micro-batch in a Spark Connect
+        server's worker."""
+        s = self.settings
+        rt = s.runtime()
+        ckpt = CheckpointDir(None, s.checkpoint)
+        base = s.epoch_base
+        committer = None if s.inline else AsyncCommitter(rt, lambda e: ckpt.has_commit(e - base))
+        log.info(
+            "sink %s: micro-batches run in this process (pid-side coordinator, epochs = %d + "
+            "batchId)",
+            s.setup.sink_id,
+            base,
+        )
+        return _Live(rt, committer, self.figures, Roller.start_for(rt))
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        if self.live is None:
+            self.live = self._open()
+        live = self.live
+        committer = live.committer
+        if committer is not None:
+            committer.raise_if_failed()
+            committer.wake()
+        runtime = live.runtime
+        sid = runtime.sink_id
+        ep = runtime.stream_epoch(self.settings.epoch_base + batch_id)
+        if ep.recovered:
+            return
+        if ep.skipped:
+            log.info(
+                "sink %s epoch %d (batch %d): replay of a committed epoch; output discarded",
+                sid,
+                ep.epoch,
+                batch_id,
+            )
+            live.figures.append(EpochFigures(ep.epoch, skipped=True))
+            return
+        w = write_or_discard(batch_df, ep, arrow_schema(batch_df))
+        fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
+        live.figures.append(fig)
+        if committer is None:
+            ep.commit()
+        else:
+            committer.submit(ep.epoch, ep.committable, fig)
+
+
+def finish_stream(settings: StreamSettings, first_epoch: int) -> list[EpochFigures]:
+    """After a Spark Connect stream ended: commit what Spark checkpointed and roll open files.
+
+    A new coordinator takes the sink over (fencing the server's worker, should it still run),
+    commits the PENDING epochs whose micro-batch Spark checkpointed (all of them in inline
+    mode, where PENDING means complete) and aborts the others (Spark replays their batches at
+    the next start), then publishes the files still open. Returns the figures of the stream's
+    committed epochs from ``first_epoch`` on (this run's), from the meta store.
+    """
+    ckpt = CheckpointDir(None, settings.checkpoint)
+    rt = settings.runtime()
+    try:
+        last = ckpt.last_committed_batch()
+        first = settings.epoch_base + (0 if last is None else last + 1)
+        rt.recover(first_epoch=sys.maxsize if settings.inline else first)
+        rt.roll(everything=True)
+        return [
+            EpochFigures(
+                r.epoch,
+                rows=r.rows,
+                files=r.files,
+                bytes=r.bytes,
+                pre_commit_ms=r.pre_commit_ms or 0.0,
+                commit_ms=r.commit_ms or 0.0,
+                batch_end_at=r.batch_end_at or 0.0,
+                committed_at=r.committed_at or 0.0,
+            )
+            for r in sorted(rt.store.epochs(rt.sink_id, (COMMITTED,)), key=lambda r: r.epoch)
+            if r.origin == settings.lineage and r.epoch >= first_epoch
+        ]
+    finally:
+        rt.close()
+        rt.store.close()
+
+
+def eosink_error_of_stream(exc: BaseException) -> EosinkError | None:
+    """The eosink error that stopped a stream, from Spark's ``StreamingQueryException``.
+
+    Spark reports an exception of a ``foreachBatch`` function as text (the Python traceback
+    inside ``FOREACH_BATCH_USER_FUNCTION_ERROR``, on classic sessions and over Spark Connect);
+    when that traceback ends with an eosink error, the error is rebuilt (same class and
+    message, Spark's error as its cause). Anything else: None.
+    """
+    if isinstance(exc, EosinkError):
+        return exc
+    text = str(exc)
+    for attr in ("desc", "_desc"):
+        more = getattr(exc, attr, None)
+        if isinstance(more, str) and more not in text:
+            text += "\n" + more
+    cut = text.find("\n=== Streaming Query ===")
+    if cut >= 0:
+        text = text[:cut]
+    if "Traceback (most recent call last)" not in text:
+        return None
+    from ._datasource import _eosink_error_in
+
+    try:
+        return _eosink_error_in(text.rstrip())
+    except Exception:  # never make an error worse
+        return None
