@@ -16,6 +16,7 @@ sinks whose files span epochs.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -23,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
-from ._metastore import COMMITTED
+from ._metastore import COMMITTED, MetaStore
 from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
 from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime
 from ._write import Written, write_epoch
-from .errors import EosinkError
+from .errors import ConfigError, EosinkError
 from .sink import Rolling
 
 if TYPE_CHECKING:
@@ -66,6 +67,38 @@ class StreamSettings:
     lineage: str
     epoch_base: int
     inline: bool
+
+    def check_shared(self) -> None:
+        """Check that this process sees the checkpoint and the meta store the stream was set
+        up with (a Spark Connect server's worker, which may be on another machine than the
+        client): else nothing is written, and the error says what to give.
+
+        Raises:
+            ConfigError: another directory under the same path, or another meta store.
+        """
+        sid = self.setup.sink_id
+        seen = CheckpointDir(None, self.checkpoint).read_lineage()
+        if seen != self.lineage:
+            raise ConfigError(
+                f"sink {sid!r}: the Spark Connect server does not see the checkpoint the "
+                f"client set up at {self.checkpoint!r} (lineage {seen!r} there, "
+                f"{self.lineage!r} expected): client and server are on different machines. "
+                "Over Spark Connect the checkpoint_location must be a path both open (a "
+                "mounted file system), or run the client on the server's machine"
+            )
+        store = MetaStore(self.setup.metastore_url, retry_s=self.setup.metastore_retry_s)
+        try:
+            rec = store.sink(sid)
+        finally:
+            store.close()
+        if rec is None or rec.lineage != self.lineage:
+            raise ConfigError(
+                f"sink {sid!r}: on the Spark Connect server, meta store "
+                f"{store.url_redacted} has no record of this stream (the client set it up in "
+                "a meta store of that name on its own machine). Over Spark Connect the client "
+                "and the server must share one meta store: pass metastore_url= of a database "
+                "both reach (e.g. postgresql+psycopg://...)"
+            )
 
     def runtime(self) -> SinkRuntime:
         """A new coordinator of the stream: the sink acquired in the meta store, the
@@ -167,6 +200,7 @@ class StreamBatches:
         """Build the runtime from the settings: the first micro-batch in a Spark Connect
         server's worker."""
         s = self.settings
+        s.check_shared()
         rt = s.runtime()
         ckpt = CheckpointDir(None, s.checkpoint)
         base = s.epoch_base
@@ -265,6 +299,7 @@ def eosink_error_of_stream(exc: BaseException) -> EosinkError | None:
         text = text[:cut]
     if "Traceback (most recent call last)" not in text:
         return None
+    text = re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text)  # Spark Connect appends them
     from ._datasource import _eosink_error_in
 
     try:
