@@ -130,7 +130,11 @@ def _declared_keys(plugin: SinkPlugin[Any, Any, Any], opts: dict[str, Any]) -> d
 
 
 def _setup(
-    raw: dict[str, str], checkpoint: str | None, *, streaming: bool, schema: pa.Schema
+    raw: dict[str, str],
+    checkpoint: str | None,
+    *,
+    streaming: bool = False,
+    schema: pa.Schema | None = None,
 ) -> SinkSetup:
     """The shared setup step (:func:`eosink._setup.prepare_sink`) from Spark's options."""
     opts = {k.lower(): v for k, v in raw.items()}
