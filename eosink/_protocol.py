@@ -594,7 +594,8 @@ class SinkRuntime:
         )
 
     def _import_journal(self, upto: int) -> None:
-        """Persist PENDING the journal's entries up to epoch ``upto`` that the store lacks."""
+        """Persist PENDING the journal's entries up to epoch ``upto`` that the store lacks
+        (rule 9)."""
         assert self.journal is not None
         have = {r.epoch for r in self.store.epochs(self.sink_id)}
         for e, ent in sorted(self.journal.entries().items()):
@@ -654,7 +655,8 @@ class SinkRuntime:
             )
 
     def rebase_stream(self, ckpt: Any, base: int) -> int:
-        """After recovery: move the stream's base above epochs other runs used meanwhile.
+        """After recovery: move the stream's base above epochs other runs used meanwhile
+        (rule 8).
 
         Other runs' epochs are the store's rows of another origin, and the epochs the store
         knows only from the target's marker (:attr:`adopted_last`) beyond what this query
@@ -711,16 +713,17 @@ class SinkRuntime:
 
     # -- recovery ------------------------------------------------------------------------
     def recover(self, first_epoch: int, keep_staged: frozenset[int] = frozenset()) -> None:
-        """Apply the recovery rule before epoch ``first_epoch`` is pre-committed.
+        """Apply the recovery rules (docs/concepts.md) before epoch ``first_epoch`` is
+        pre-committed.
 
         PENDING epochs of this stream's lineage below ``first_epoch`` are checkpointed: commit
-        them. Those at or above it will be written again: abort them. PENDING epochs of other
-        runs (a crashed batch job, another checkpoint) hold complete data: commit them (a
-        replay of theirs is then skipped). A batch run has no lineage of its own: every
-        PENDING batch epoch is a crashed run's complete one, whatever epoch this run writes
-        (a backfill below it must not abort it). Then finish every ABORTED epoch and discard data
-        staged for epochs that have no committable (except ``keep_staged``: epochs being
-        written right now).
+        them (rule 1). Those at or above it will be written again: abort them (rule 2).
+        PENDING epochs of other runs (a crashed batch job, another checkpoint) hold complete
+        data: commit them (rule 7; a replay of theirs is then skipped, rule 5). A batch run
+        has no lineage of its own: every PENDING batch epoch is a crashed run's complete one,
+        whatever epoch this run writes (a backfill below it must not abort it). Then finish
+        every ABORTED epoch (rule 3) and discard data staged for epochs that have no
+        committable (rule 4; except ``keep_staged``: epochs being written right now).
         """
         t0 = time.perf_counter()
         pending = self.store.epochs(self.sink_id, (PENDING,))

@@ -252,3 +252,20 @@ def test_every_conformance_check_is_documented_in_plugins_md() -> None:
     checks = [n for n in dir(SinkConformance) if n.startswith("test_")]
     assert len(checks) >= 10
     assert [n for n in checks if f"| `{n}` |" not in text] == []
+
+
+def test_recovery_rules_cited_in_the_code_exist() -> None:
+    """Code comments cite docs/concepts.md's recovery rules by number: each number cited must
+    be a rule there (the rules are numbered once, in that page)."""
+    concepts = (ROOT / "docs" / "concepts.md").read_text()
+    section = concepts.split("## Recovery", 1)[1].split("\n## ", 1)[0]
+    rules = {int(n) for n in re.findall(r"^(\d+)\. ", section, re.M)}
+    assert rules == set(range(1, max(rules) + 1)), rules
+    cited: dict[str, set[int]] = {}
+    for path in [*ROOT.glob("eosink/**/*.py"), *ROOT.glob("plugins/**/*.py")]:
+        for m in re.finditer(r"\brules? (\d+)(?: (?:to|and|-) (\d+))?", path.read_text()):
+            nums = {int(g) for g in m.groups() if g}
+            cited.setdefault(str(path.relative_to(ROOT)), set()).update(nums)
+    assert cited, "no rule citations found: the pattern is wrong"
+    wrong = {p: sorted(n - rules) for p, n in cited.items() if n - rules}
+    assert not wrong, f"rule numbers cited that docs/concepts.md does not have: {wrong}"
