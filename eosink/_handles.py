@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ._protocol import EpochFigures
-from ._stream import StreamBatches, eosink_error_of_stream, finish_stream
+from ._stream import StreamBatches, eosink_error_of_stream, finish_stream, wait_committed
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -164,12 +164,16 @@ class StreamingHandle:
             self._finish()
         return bool(done)
 
-    def process_all_available(self) -> None:
-        """Block until the source's available data is processed and committed (over Spark
-        Connect: processed; the server's worker commits it just after)."""
+    def process_all_available(self, timeout: float = 300.0) -> None:
+        """Block until the source's available data is processed and committed.
+
+        Over Spark Connect the server's worker commits; this waits (up to ``timeout``
+        seconds) until the meta store shows every checkpointed epoch committed."""
         self.query.processAllAvailable()
         live = self.batches.live
-        if live is not None and live.committer is not None:
+        if live is None:
+            wait_committed(self.batches.settings, lambda: _still_running(self.query), timeout)
+        elif live.committer is not None:
             live.committer.drain(until_checkpointed=True)
 
     def __enter__(self) -> StreamingHandle:

@@ -19,12 +19,14 @@ import logging
 import re
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
-from ._metastore import COMMITTED, MetaStore
+from ._metastore import COMMITTED, PENDING, MetaStore
 from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
 from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime
@@ -45,6 +47,7 @@ __all__ = [
     "StreamSettings",
     "eosink_error_of_stream",
     "finish_stream",
+    "wait_committed",
     "write_or_discard",
 ]
 
@@ -306,3 +309,35 @@ def eosink_error_of_stream(exc: BaseException) -> EosinkError | None:
         return _eosink_error_in(text.rstrip())
     except Exception:  # never make an error worse
         return None
+
+
+def wait_committed(settings: StreamSettings, active: Callable[[], bool], timeout: float) -> None:
+    """Wait until the server's worker committed every epoch Spark checkpointed (Spark
+    Connect's ``process_all_available``): no PENDING epoch of the stream at or below the
+    checkpoint's last batch. Returns early when the query is no longer ``active``.
+
+    Raises:
+        TimeoutError: still PENDING after ``timeout`` seconds.
+    """
+    ckpt = CheckpointDir(None, settings.checkpoint)
+    store = MetaStore(settings.setup.metastore_url, retry_s=settings.setup.metastore_retry_s)
+    end = time.monotonic() + timeout
+    try:
+        while True:
+            last = ckpt.last_committed_batch()
+            top = settings.epoch_base + (-1 if last is None else last)
+            left = [
+                r.epoch
+                for r in store.epochs(settings.setup.sink_id, (PENDING,))
+                if r.origin == settings.lineage and r.epoch <= top
+            ]
+            if not left or not active():
+                return
+            if time.monotonic() > end:
+                raise TimeoutError(
+                    f"sink {settings.setup.sink_id!r}: epochs {left} checkpointed by Spark "
+                    f"are still PENDING after {timeout:.0f} s"
+                )
+            time.sleep(0.05)
+    finally:
+        store.close()
