@@ -149,6 +149,7 @@ def spark_session(
     app_name: str = "eosink",
     *,
     log_level: str | None = None,
+    remote: str | None = None,
     **conf: str,
 ) -> SparkSession:
     """A SparkSession set up for eosink: Java found, executors on this Python, Arrow on.
@@ -173,12 +174,20 @@ def spark_session(
             variable ``EOSINK_SPARK_LOG_LEVEL``, else ``ERROR``. ``WARN`` brings back what
             pyspark prints by default. When a SparkContext is already running, an explicit
             level is applied with ``setLogLevel`` and the default leaves it alone.
+        remote: a Spark Connect server's URL (``sc://host:15002``): a Connect client session
+            instead (needs ``pip install 'eosink[connect]'``; ``master`` is then the
+            server's business; ``local[2]`` starts a local server, as pyspark does).
+            ``format("eosink")`` is registered with it too.
         **conf: extra Spark settings (dots written as ``__``: ``spark__ui__enabled="false"``).
 
     Raises:
-        ConfigError: ``log_level`` or ``EOSINK_SPARK_LOG_LEVEL`` is not a log level.
+        ConfigError: ``log_level`` or ``EOSINK_SPARK_LOG_LEVEL`` is not a log level; or
+            ``remote`` with ``master``.
+        MissingExtraError: ``remote`` without the Spark Connect client packages.
         EosinkError: no Java 17+ found.
     """
+    if remote is not None:
+        return _connect_session(remote, master, app_name, conf)
     level, explicit = _spark_log_level(log_level)
     os.environ["JAVA_HOME"] = find_java()
     if master is None and not _submitted():
@@ -217,6 +226,41 @@ def spark_session(
             os.environ.pop("LOG4J_CONFIGURATION_FILE", None)
     if (explicit and own) or not (own or config):
         spark.sparkContext.setLogLevel(level)
+    from ._datasource import register
+
+    register(spark)
+    return spark
+
+
+def _connect_session(
+    remote: str, master: str | None, app_name: str, conf: dict[str, str]
+) -> SparkSession:
+    """A Spark Connect client session for eosink (see :func:`spark_session`)."""
+    if master is not None:
+        raise ConfigError(
+            f"spark_session(remote={remote!r}) connects to a Spark Connect server, whose "
+            f"master is its own: drop master={master!r}"
+        )
+    import importlib
+
+    for module in ("grpc", "grpc_status", "google.protobuf", "zstandard"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            from .errors import MissingExtraError
+
+            raise MissingExtraError(module, "connect", "Spark Connect clients") from None
+    if remote.startswith("local"):
+        # pyspark starts a Connect server in a JVM of this machine: its Python workers (the
+        # foreachBatch worker, UDFs) run this Python.
+        os.environ["JAVA_HOME"] = find_java()
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    b = SparkSession.builder.remote(remote).appName(app_name)
+    for k, v in conf.items():
+        b = b.config(k.replace("__", "."), v)
+    spark = b.getOrCreate()
     from ._datasource import register
 
     register(spark)
