@@ -66,19 +66,19 @@ class StreamingHandle:
     query: StreamingQuery
     sink_id: str
     epoch_base: int
-    batches: StreamBatches
-    first_epoch: int = 0
+    _batches: StreamBatches
+    _first_epoch: int = 0
     figures: list[EpochFigures] = field(default_factory=list)
     _closed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.figures = self.batches.figures
+        self.figures = self._batches.figures
 
     @property
     def remote(self) -> bool:
         """Whether the micro-batches run on a Spark Connect server (not in this process)."""
-        return self.batches.live is None
+        return self._batches.live is None
 
     @property
     def id(self) -> str:
@@ -99,9 +99,9 @@ class StreamingHandle:
             if self._closed:
                 return
             self._closed = True
-        live = self.batches.live
+        live = self._batches.live
         if live is None:  # Spark Connect: the server's worker is gone with the query
-            figures = finish_stream(self.batches.settings, self.first_epoch)
+            figures = finish_stream(self._batches.settings, self._first_epoch)
             self.figures[:] = figures
             return
         if live.roller is not None:
@@ -147,7 +147,7 @@ class StreamingHandle:
                 else (self.query.awaitTermination() or True)
             )
         except BaseException as exc:
-            live = self.batches.live
+            live = self._batches.live
             if live is None and _still_running(self.query):
                 raise  # e.g. KeyboardInterrupt: the server's query runs on; stop() ends it
             try:
@@ -170,9 +170,9 @@ class StreamingHandle:
         Over Spark Connect the server's worker commits; this waits (up to ``timeout``
         seconds) until the meta store shows every checkpointed epoch committed."""
         self.query.processAllAvailable()
-        live = self.batches.live
+        live = self._batches.live
         if live is None:
-            wait_committed(self.batches.settings, lambda: _still_running(self.query), timeout)
+            wait_committed(self._batches.settings, lambda: _still_running(self.query), timeout)
         elif live.committer is not None:
             live.committer.drain(until_checkpointed=True)
 

@@ -222,7 +222,7 @@ def _start_stream(
     if ckpt.connect:
         runtime.close()
         runtime.store.close()
-    handle = StreamingHandle(query, sid, base, batches, first_epoch=first)
+    handle = StreamingHandle(query, sid, base, batches, _first_epoch=first)
     log.info(
         "sink %s: streaming query %s started (epochs = %d + batchId, commit_mode=%s%s)",
         sid,
