@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import sys
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -234,11 +235,18 @@ def _start_stream(
     return handle
 
 
-_TRIGGERS = ("processingTime", "availableNow", "once", "continuous")
+# One or more "<number> <unit>" pairs, as Spark's interval strings ("5 seconds",
+# "1 minute 30 seconds", "interval 2 hours"): Spark parses the units; this refuses what cannot
+# be an interval before anything is written (pyspark would refuse it only at start()).
+_INTERVAL = re.compile(r"(?i)\s*(interval\s+)?(\d+(\.\d+)?\s*[a-z]+\s*)+")
 
 
 def _trigger(trigger: dict[str, Any] | str | None) -> dict[str, Any] | None:
-    """``trigger=`` as the keyword arguments of Spark's ``DataStreamWriter.trigger``."""
+    """``trigger=`` as the keyword arguments of Spark's ``DataStreamWriter.trigger``.
+
+    Raises:
+        ConfigError: not one of the triggers eosink runs, or a value Spark would refuse.
+    """
     if trigger is None:
         return None
     if isinstance(trigger, str):
@@ -247,10 +255,20 @@ def _trigger(trigger: dict[str, Any] | str | None) -> dict[str, Any] | None:
             return {"availableNow": True}
         if word.lower() == "once":
             return {"once": True}
-        if word and word[0].isdigit():
+        if word and word[0].isdigit() and _INTERVAL.fullmatch(word):
             return {"processingTime": word}
-    elif isinstance(trigger, dict) and len(trigger) == 1 and next(iter(trigger)) in _TRIGGERS:
-        return trigger
+    elif isinstance(trigger, dict) and len(trigger) == 1:
+        ((key, value),) = trigger.items()
+        if key in ("availableNow", "once") and value is True:
+            return trigger
+        if key == "processingTime" and isinstance(value, str) and _INTERVAL.fullmatch(value):
+            return trigger
+        if key == "continuous":
+            raise ConfigError(
+                "trigger={'continuous': ...}: Spark's continuous processing has no micro-"
+                "batches, and eosink commits per micro-batch; use {'processingTime': "
+                "'1 second'} for low latency"
+            )
     raise ConfigError(
         f"trigger={trigger!r} is not a trigger; use {{'processingTime': '5 seconds'}} (or "
         "'5 seconds'), {'availableNow': True} (or 'availableNow'), {'once': True} (or 'once')"

@@ -364,3 +364,56 @@ def test_iceberg_catalog_secrets_never_shown() -> None:
     assert "(given: *** (hidden))" in text
     text = _option_error(sink, {"table": "db.t", "catalog": "s3.secret-access-key=hunter2"})
     assert "hunter2" not in text and "catalog:" in text
+
+
+@pytest.mark.parametrize(
+    "epoch", ["x", 1.5, True, -1, 2**63, [1]], ids=["str", "float", "bool", "neg", "big", "list"]
+)
+def test_bad_epochs_fail_before_anything(spark: Any, tmp_path: Path, epoch: Any) -> None:
+    err = _fails_before_anything(spark, tmp_path, epoch=epoch)
+    assert "epoch must be an integer from 0 to" in str(err)
+
+
+def test_epoch_spellings() -> None:
+    from eosink._setup import MAX_EPOCH, check_epoch
+
+    assert [check_epoch(v) for v in (None, 0, 7, "12", " 3 ", MAX_EPOCH)] == [
+        None,
+        0,
+        7,
+        12,
+        3,
+        MAX_EPOCH,
+    ]
+
+
+@pytest.mark.parametrize(
+    "trigger",
+    [
+        "banana",
+        {"processingTime": "banana"},
+        {"processingTime": ""},
+        {"once": False},
+        {"availableNow": 1},
+        {"continuous": "1 second"},
+        {"processingTime": "5 seconds", "once": True},
+        "5",
+    ],
+)
+def test_bad_triggers_are_config_errors(trigger: Any) -> None:
+    from eosink._run import _trigger
+
+    with pytest.raises(ConfigError, match="trigger"):
+        _trigger(trigger)
+
+
+def test_trigger_spellings() -> None:
+    from eosink._run import _trigger
+
+    assert _trigger("5 seconds") == {"processingTime": "5 seconds"}
+    assert _trigger("1 minute 30 seconds") == {"processingTime": "1 minute 30 seconds"}
+    assert _trigger({"processingTime": "interval 2 hours"}) == {
+        "processingTime": "interval 2 hours"
+    }
+    assert _trigger("availableNow") == {"availableNow": True}
+    assert _trigger("once") == {"once": True}
