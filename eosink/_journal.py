@@ -104,10 +104,12 @@ class Journal:
                 return data
         return None
 
-    def claim(self, lineage: str, epoch_base: int) -> int:
+    def claim(self, lineage: str, epoch_base: int, run: str | None = None) -> int:
         """Become the newest generation of this sink's drivers on this checkpoint.
 
-        Every other driver (on any machine) is fenced from now on. Returns the generation.
+        Every other driver (on any machine) is fenced from now on. ``run``: the id of the
+        ``eosink.run`` call whose coordinator claims (a Spark Connect stream's client and its
+        server worker share one), kept in the record. Returns the generation.
         """
         while True:
             n = max(self._generations(), default=0) + 1
@@ -119,6 +121,7 @@ class Journal:
                     "epoch_base": epoch_base,
                     "owner": f"{socket.gethostname()}:{os.getpid()}",
                     "at": time.time(),
+                    "run": run,
                 },
                 sort_keys=True,
             ).encode()

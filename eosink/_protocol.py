@@ -205,6 +205,8 @@ class SinkRuntime:
     batch_journal: Journal | None = field(init=False, default=None)
     """The batch journal beside the target (:class:`~eosink.sink.JournalHome`), for the
     batch runs of a sink whose target has one (set by :meth:`use_batch_journal`)."""
+    run_id: str | None = field(init=False, default=None)
+    """The ``eosink.run`` call this coordinator serves, recorded with its journal claims."""
     _since_gc: int = field(init=False, default=0)
     _marker: dict[str, Any] | None = field(init=False, default=None)
 
@@ -583,7 +585,7 @@ class SinkRuntime:
     def _attach(self, journal: Journal, base: int) -> None:
         """Claim the journal's next generation (fencing older drivers) with the stream's
         lineage and base, and keep the journal for phase 1 and the fence checks."""
-        gen = journal.claim(self.lineage, base)
+        gen = journal.claim(self.lineage, base, self.run_id)
         self.journal = journal
         log.info(
             "sink %s: journal in checkpoint %s, generation %d (epoch base %d)",

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import re
 import sys
+import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -184,6 +185,7 @@ def _start_stream(
     query_name: str | None,
 ) -> StreamingHandle:
     inline = commit_mode == "inline"
+    runtime.run_id = uuid.uuid4().hex
     ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
     base = runtime.open_stream(ckpt, setup.new_checkpoint, inline=inline)
     last = ckpt.last_committed_batch()
@@ -194,7 +196,9 @@ def _start_stream(
     base = runtime.rebase_stream(ckpt, base)
     first = base + (0 if last is None else last + 1)
     sid = runtime.sink_id
-    settings = StreamSettings(setup, ckpt.location, runtime.lineage, base, inline)
+    settings = StreamSettings(
+        setup, ckpt.location, runtime.lineage, base, inline, runtime.run_id or ""
+    )
     if ckpt.connect:
         # Spark Connect: the micro-batches run in the server's Python worker, which builds
         # its own coordinator from the settings (and fences this one).

@@ -63,6 +63,8 @@ class StreamSettings:
         lineage: the stream's lineage (its checkpoint's eosink marker).
         epoch_base: epoch = base + Spark's batchId.
         inline: commit inside the micro-batch (``commit_mode="inline"``).
+        run_id: the ``eosink.run`` call's id, in the journal claims of its coordinators:
+            how a Spark Connect client tells that a later run took the stream over.
     """
 
     setup: SinkSetup
@@ -70,6 +72,7 @@ class StreamSettings:
     lineage: str
     epoch_base: int
     inline: bool
+    run_id: str = ""
 
     def check_shared(self) -> None:
         """Check that this process sees the checkpoint and the meta store the stream was set
@@ -107,6 +110,7 @@ class StreamSettings:
         """A new coordinator of the stream: the sink acquired in the meta store, the
         journal's next generation claimed (every earlier coordinator is fenced)."""
         rt = open_runtime(self.setup, self.lineage)
+        rt.run_id = self.run_id or None
         try:
             journal = Journal(CheckpointDir(None, self.checkpoint), self.setup.sink_id)
             rt.attach_stream(journal, self.epoch_base)
@@ -257,6 +261,19 @@ def finish_stream(settings: StreamSettings, first_epoch: int) -> list[EpochFigur
     committed epochs from ``first_epoch`` on (this run's), from the meta store.
     """
     ckpt = CheckpointDir(None, settings.checkpoint)
+    newest = Journal(ckpt, settings.setup.sink_id).state()
+    if settings.run_id and newest is not None and newest.get("run") != settings.run_id:
+        # A later run of the stream (another client, on the same checkpoint) claimed it:
+        # Spark stopped this run's query when that one started. It finishes; fencing it from
+        # here would stop it.
+        log.warning(
+            "sink %s: a later run of this stream (journal generation %s, %s) took it over; "
+            "this run's query ended and the later run commits what remains",
+            settings.setup.sink_id,
+            newest.get("generation"),
+            newest.get("owner"),
+        )
+        return []
     rt = settings.runtime()
     try:
         last = ckpt.last_committed_batch()
