@@ -177,7 +177,8 @@ def spark_session(
         remote: a Spark Connect server's URL (``sc://host:15002``): a Connect client session
             instead (needs ``pip install 'eosink[connect]'``; ``master`` is then the
             server's business; ``local[2]`` starts a local server, as pyspark does).
-            ``format("eosink")`` is registered with it too.
+            ``format("eosink")`` is registered with it too. Default: ``SPARK_REMOTE`` when
+            set and no ``master`` is given, as pyspark's builder does.
         **conf: extra Spark settings (dots written as ``__``: ``spark__ui__enabled="false"``).
 
     Raises:
@@ -186,6 +187,13 @@ def spark_session(
         MissingExtraError: ``remote`` without the Spark Connect client packages.
         EosinkError: no Java 17+ found.
     """
+    if master is not None and master.startswith("sc://"):
+        raise ConfigError(
+            f"master={master!r} is a Spark Connect server: use "
+            f"eosink.spark_session(remote={master!r})"
+        )
+    if remote is None and master is None and os.environ.get("SPARK_REMOTE"):
+        remote = os.environ["SPARK_REMOTE"]  # as pyspark's builder does
     if remote is not None:
         return _connect_session(remote, master, app_name, conf)
     level, explicit = _spark_log_level(log_level)

@@ -417,3 +417,10 @@ def test_trigger_spellings() -> None:
     }
     assert _trigger("availableNow") == {"availableNow": True}
     assert _trigger("once") == {"once": True}
+
+
+def test_spark_session_refuses_a_connect_url_as_master() -> None:
+    with pytest.raises(ConfigError, match=r"remote='sc://h:15002'"):
+        eosink.spark_session(master="sc://h:15002")
+    with pytest.raises(ConfigError, match="drop master="):
+        eosink.spark_session(master="local[1]", remote="sc://h:15002")
