@@ -932,8 +932,10 @@ class FileCoordinator(
                 "every node (a local path or file:// URI on each machine's own disk, not a "
                 "mount every node shares), so the files of the tasks that ran on other "
                 "machines stayed on those machines. Write to a location every node and the "
-                "driver share (hdfs://, s3://, abfs://, gs://, a shared mount). Nothing of "
-                "this epoch was published or persisted."
+                "driver share (hdfs://, s3://, abfs://, gs://, a shared mount). (Over "
+                "Spark Connect, \"the driver\" here is the client's Python, where eosink's "
+                "coordinator runs: the path must be the same directory there too.) Nothing "
+                "of this epoch was published or persisted."
             )
         raise SinkError(
             f"epoch {epoch}: Spark's write counted {rows} rows, but the {len(files)} file(s) "
