@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ._session import is_connect
+from ._staging import is_connect
 
 LINEAGE_FILE = "eosink-lineage.json"
 

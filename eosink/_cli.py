@@ -36,6 +36,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
                 "status": s.status,
                 "missing_modules": list(s.missing),
                 "install": s.install or None,
+                "error": s.error or None,
             }
             for s in sinks
         ]
@@ -53,6 +54,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for s in fixes:
         what = ", ".join(s.missing) + (" is" if len(s.missing) == 1 else " are")
         print(f"{s.name}: {what} not installed; to use the sink: {s.install}")
+    broken = [s for s in sinks if s.error]
+    if broken:
+        print()
+    for s in broken:
+        print(
+            f"{s.name}: the plugin of package {s.package} {s.version} failed to load "
+            f"({s.error}); fix or uninstall it: pip uninstall {s.package}"
+        )
     return 0
 
 

@@ -59,8 +59,8 @@ from ._checkpoint import CheckpointDir
 from ._journal import Journal
 from ._metastore import BATCH
 from ._protocol import WRITE, Epoch, SinkRuntime
-from ._session import is_connect
 from ._setup import SinkSetup, open_runtime, prepare_sink
+from ._staging import is_connect
 from ._tasks import run_writer
 from .errors import ConfigError, EosinkError
 from .registry import get_sink

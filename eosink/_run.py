@@ -24,6 +24,7 @@ from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import spark_master
 from ._stream import Roller, StreamBatches, StreamSettings, _Live, write_or_discard
 from .errors import ConfigError
+from .registry import get_sink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -93,6 +94,7 @@ def run(
             with its data complete; that epoch is committed now and this run not written.
         MetaStoreUnavailableError: the meta store cannot be reached (nothing is published).
     """
+    get_sink(sink).check_ready()  # a missing extra first: before Spark is touched
     if commit_mode not in ("after_checkpoint", "inline"):
         raise ConfigError(
             f"commit_mode must be 'after_checkpoint' or 'inline', not {commit_mode!r}"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._metastore import eosink_home
+from ._staging import is_connect
 from .errors import ConfigError, EosinkError
 
 if TYPE_CHECKING:
@@ -23,16 +24,9 @@ __all__ = [
     "SPARK_LOG_LEVELS",
     "arrow_schema",
     "find_java",
-    "is_connect",
     "spark_session",
     "spark_to_arrow",
 ]
-
-
-def is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect client session (``SparkSession.builder.remote``):
-    no JVM in this process; the driver is the Connect server's."""
-    return spark is not None and type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def find_java() -> str:

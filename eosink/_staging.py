@@ -36,6 +36,7 @@ log = logging.getLogger("eosink")
 __all__ = [
     "STAGING_OPTION",
     "default_staging_path",
+    "is_connect",
     "is_local_master",
     "resolve_staging_path",
     "spark_master",
@@ -53,6 +54,12 @@ def is_local_master(master: str) -> bool:
     ``local[4]``, ``local[*]``, ``local[2,3]``). ``local-cluster[...]`` is a cluster."""
     m = master.strip().lower()
     return m == "local" or m.startswith("local[")
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect client session (``SparkSession.builder.remote``):
+    no JVM in this process; the driver is the Connect server's."""
+    return spark is not None and type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 def spark_master(spark: Any) -> str | None:

@@ -61,11 +61,18 @@ class ConfigError(EosinkError, ValueError):
 class UnknownSinkError(ConfigError):
     """No installed plugin provides the requested sink name."""
 
-    def __init__(self, name: str, known: list[str]) -> None:
+    def __init__(self, name: str, known: list[str], broken: list[str] | None = None) -> None:
         listed = ", ".join(sorted(known)) or "(none)"
+        failed = (
+            " Installed plugins that failed to load (the sink may be one of theirs): "
+            + "; ".join(broken)
+            + "."
+            if broken
+            else ""
+        )
         super().__init__(
             f"unknown sink {name!r}; installed sinks: {listed}. "
-            "Run `eosink plugins` to see them with their packages."
+            f"Run `eosink plugins` to see them with their packages.{failed}"
         )
         self.name = name
         self.known = sorted(known)

@@ -371,3 +371,47 @@ def test_executor_imports_stay_light() -> None:
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_broken_plugin_never_stops_the_other_sinks(tmp_path: Path) -> None:
+    """An installed entry point whose module fails to import: reported once with its name
+    and package, listed as broken by `eosink plugins` (which still exits 0), and every other
+    sink works; asking for a sink that is not there names the broken plugin."""
+    dist = tmp_path / "eosink_broken-1.2.3.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: eosink-broken\nVersion: 1.2.3\n")
+    (dist / "entry_points.txt").write_text("[eosink]\nbroken = eosink_broken_no_such_module\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cli = [sys.executable, "-m", "eosink._cli", "plugins"]
+    res = subprocess.run(cli, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"^file\s+eosink\s+0\.1\.0\s+ready\s", res.stdout, re.M)
+    assert re.search(r"^broken\s+eosink-broken\s+1\.2\.3\s+broken", res.stdout, re.M)
+    assert (
+        "broken: the plugin of package eosink-broken 1.2.3 failed to load (ModuleNotFoundError: "
+        "No module named 'eosink_broken_no_such_module'); fix or uninstall it: "
+        "pip uninstall eosink-broken"
+    ) in res.stdout.splitlines()
+    assert res.stderr.count("failed to load") == 1, res.stderr  # the warning, once
+    res = subprocess.run([*cli, "--json"], capture_output=True, text=True, env=env)
+    listed = {s["name"]: s for s in json.loads(res.stdout)}
+    assert listed["broken"]["status"] == "broken"
+    assert listed["broken"]["error"].startswith("ModuleNotFoundError")
+    assert listed["file"]["status"] == "ready" and listed["file"]["error"] is None
+    code = (
+        "import eosink\n"
+        "from eosink import get_sink\n"
+        "assert get_sink('file').name == 'file'\n"
+        "try:\n"
+        "    get_sink('broken')\n"
+        "except eosink.UnknownSinkError as e:\n"
+        "    print(e)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert "unknown sink 'broken'; installed sinks: " in res.stdout
+    assert (
+        "Installed plugins that failed to load (the sink may be one of theirs): broken of "
+        "eosink-broken 1.2.3 (ModuleNotFoundError: No module named "
+        "'eosink_broken_no_such_module')."
+    ) in res.stdout
