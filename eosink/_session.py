@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._metastore import eosink_home
-from ._staging import is_connect
 from .errors import ConfigError, EosinkError
 
 if TYPE_CHECKING:
