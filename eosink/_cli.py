@@ -207,6 +207,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             )
     finally:
         store.close()
+    if args.sink_id and not out:
+        print(
+            f"eosink status: meta store {store.url_redacted} has no sink {args.sink_id!r} "
+            "(`eosink status` without --sink-id lists the sinks it has)",
+            file=sys.stderr,
+        )
+        return 1
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

@@ -116,6 +116,14 @@ def test_status_shows_pending_and_durations(tmp_path: Path) -> None:
     text = _cli("status", "--metastore-url", url).stdout
     assert "pending: [2]" in text and "sink file:/data/x" in text
     assert "target: file:/data/x" in text and "batch (auto epoch)" in text
+    one = json.loads(
+        _cli("status", "--metastore-url", url, "--sink-id", "file:/data/x", "--json").stdout
+    )
+    assert [s["sink_id"] for s in one] == ["file:/data/x"]
+    for fmt in ([], ["--json"]):
+        res = _cli("status", "--metastore-url", url, "--sink-id", "nosuch", *fmt, check=False)
+        assert res.returncode == 1 and res.stdout == ""
+        assert "has no sink 'nosuch'" in res.stderr
 
 
 def test_status_hides_passwords_and_reports_unreachable() -> None:
