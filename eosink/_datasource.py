@@ -57,6 +57,7 @@ from pyspark.sql.types import StructType
 from . import errors
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
+from ._logs import default_logging
 from ._metastore import BATCH
 from ._protocol import WRITE, Epoch, SinkRuntime
 from ._setup import SinkSetup, open_runtime, prepare_sink
@@ -356,6 +357,7 @@ def register(spark: Any) -> None:
     Also makes the errors of ``format("eosink")`` come out as eosink's own errors on this
     driver (see the module's docstring).
     """
+    default_logging()
     spark.dataSource.register(EosinkDataSource)
     _install_error_conversion(connect=is_connect(spark))
 

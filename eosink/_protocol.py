@@ -886,7 +886,7 @@ class SinkRuntime:
             writer=writer,
         )
         self.figures[epoch] = fig
-        log.info(
+        log.debug(
             "sink %s epoch %d: PENDING (rows=%d files=%d bytes=%d write=%.3fs (%s) "
             "pre_commit=%.1fms persist=%.1fms%s)",
             self.sink_id,

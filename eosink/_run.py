@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from ._checkpoint import CheckpointDir
 from ._handles import BatchResult, StreamingHandle
+from ._logs import default_logging
 from ._metastore import MetaStore
 from ._protocol import AsyncCommitter, SinkRuntime
 from ._session import arrow_schema
@@ -94,6 +95,7 @@ def run(
             with its data complete; that epoch is committed now and this run not written.
         MetaStoreUnavailableError: the meta store cannot be reached (nothing is published).
     """
+    default_logging()
     get_sink(sink).check_ready()  # a missing extra first: before Spark is touched
     if commit_mode not in ("after_checkpoint", "inline"):
         raise ConfigError(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
+from ._logs import default_logging
 from ._metastore import COMMITTED, PENDING, MetaStore
 from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
 from ._session import arrow_schema
@@ -206,6 +207,7 @@ class StreamBatches:
     def _open(self) -> _Live:
         """Build the runtime from the settings: the first micro-batch in a Spark Connect
         server's worker."""
+        default_logging()  # the server's log
         s = self.settings
         s.check_shared()
         rt = s.runtime()

@@ -185,3 +185,21 @@ def test_errors_pickle() -> None:
     assert e.known == ["file"] and "installed sinks: file" in str(e)
     m = pickle.loads(pickle.dumps(MissingExtraError("boto3", "s3")))
     assert m.extra == "s3" and "eosink[s3]" in str(m)
+
+
+def test_a_read_only_store_is_a_permanent_error_at_once(tmp_path: Path) -> None:
+    """A store eosink may read but not write fails the first write at once, saying so; it is
+    not retried for metastore_retry_s as an unreachable one is."""
+    import time
+
+    db = tmp_path / "m.db"
+    MetaStore(f"sqlite:///{db}").close()
+    store = MetaStore(f"sqlite:///file:{db}?mode=ro&uri=true", retry_s=60)
+    t0 = time.monotonic()
+    with pytest.raises(MetaStoreError) as exc:
+        store.acquire("s", "file", None)
+    assert time.monotonic() - t0 < 5
+    assert not isinstance(exc.value, MetaStoreUnavailableError)
+    assert "the database is read-only" in str(exc.value)
+    assert "give eosink a meta store it may write (metastore_url=)" in str(exc.value)
+    store.close()

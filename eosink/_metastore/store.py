@@ -121,6 +121,35 @@ def redact_url(url: str) -> str:
         return "<unparseable meta store URL>"
 
 
+# Operational errors that no retry fixes: a read-only database or file, missing permissions,
+# a refused login (SQLite's messages; PostgreSQL's SQLSTATEs and messages).
+_PERMANENT = (
+    ("readonly database", "the database is read-only"),
+    ("read-only", "the database is read-only"),
+    ("unable to open database file", "the database file cannot be opened or created"),
+    ("permission denied", "permission denied"),
+    ("authentication failed", "the login was refused"),
+    ("no password supplied", "the login was refused"),
+)
+_PERMANENT_SQLSTATES = {"25006": "the database is read-only", "42501": "permission denied"}
+_LOGIN_SQLSTATES = ("28",)  # invalid authorization specification
+
+
+def _permanent(exc: BaseException) -> str | None:
+    """Why an operational error of the meta store is permanent, or None (transient)."""
+    orig = getattr(exc, "orig", exc)
+    code = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
+    if code in _PERMANENT_SQLSTATES:
+        return _PERMANENT_SQLSTATES[code]
+    if code.startswith(_LOGIN_SQLSTATES):
+        return "the login was refused"
+    text = str(orig).lower()
+    for needle, why in _PERMANENT:
+        if needle in text:
+            return why
+    return None
+
+
 def default_url(checkpoint_location: str | None = None) -> str:
     """The meta store URL used when none is given.
 
@@ -235,6 +264,12 @@ class MetaStore:
                 conn.commit()
         except OperationalError as exc:
             self.engine.dispose()
+            why = _permanent(exc)
+            if why:
+                raise MetaStoreError(
+                    f"meta store {redact_url(url)} refused eosink ({why}): {exc.orig}. Give "
+                    "eosink a meta store it may write (metastore_url=)"
+                ) from None
             raise MetaStoreUnavailableError(
                 f"meta store {redact_url(url)} is unreachable: {exc.orig}"
             ) from None
@@ -287,6 +322,13 @@ class MetaStore:
         except (FencedError, InvalidTransitionError):
             raise
         except OperationalError as exc:
+            why = _permanent(exc)
+            if why:
+                raise MetaStoreError(
+                    f"meta store {redact_url(self.url)} refused the operation ({why}): "
+                    f"{exc.orig}. This is not retried: give eosink a meta store it may write "
+                    "(metastore_url=)"
+                ) from None
             raise MetaStoreUnavailableError(
                 f"meta store {redact_url(self.url)} failed: {exc.orig}"
             ) from None
