@@ -69,7 +69,12 @@ class IcebergSinkOptions(BaseModel):
         its warehouse directory is created)."""
         if self.catalog:
             return dict(self.catalog)
-        wh = (
+        wh = self._embedded_warehouse()
+        wh.mkdir(parents=True, exist_ok=True)
+        return {"type": "sql", "uri": f"sqlite:///{wh / 'catalog.db'}", "warehouse": f"file://{wh}"}
+
+    def _embedded_warehouse(self) -> Path:
+        return (
             Path(
                 self.warehouse
                 or Path(os.environ.get("EOSINK_HOME", Path.home() / ".eosink")) / "iceberg"
@@ -77,8 +82,11 @@ class IcebergSinkOptions(BaseModel):
             .expanduser()
             .resolve()
         )
-        wh.mkdir(parents=True, exist_ok=True)
-        return {"type": "sql", "uri": f"sqlite:///{wh / 'catalog.db'}", "warehouse": f"file://{wh}"}
+
+    def catalog_may_hold_tables(self) -> bool:
+        """False when the embedded catalog does not exist yet (it holds no table: nothing
+        needs to be opened, or created, to know it); True for any other catalog."""
+        return bool(self.catalog) or (self._embedded_warehouse() / "catalog.db").exists()
 
 
 def redact(text: str, opts: IcebergSinkOptions) -> str:

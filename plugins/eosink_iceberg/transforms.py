@@ -17,8 +17,10 @@ from typing import Any, Literal
 __all__ = [
     "TIME_TRANSFORMS",
     "PartitionTerm",
+    "applicable_transforms",
     "check_transforms_writable",
     "parse_partition_by",
+    "source_type_error",
     "table_terms",
 ]
 
@@ -128,6 +130,92 @@ class PartitionTerm:
         if name not in (*_NAMES, "void"):
             raise ValueError(f"unknown partition transform {name!r} of column {source!r}")
         return cls(name, source)  # type: ignore[arg-type]
+
+
+# Which source types each transform applies to (the Iceberg spec, "Partition Transforms"),
+# by the Iceberg type's kind (its name without parameters: "decimal(10, 2)" -> "decimal").
+_TIMESTAMPS = ("timestamp", "timestamptz", "timestamp_ns", "timestamptz_ns")
+_SOURCE_KINDS: dict[str, tuple[str, ...]] = {
+    "bucket": (
+        "int",
+        "long",
+        "decimal",
+        "date",
+        "time",
+        *_TIMESTAMPS,
+        "string",
+        "uuid",
+        "fixed",
+        "binary",
+    ),
+    "truncate": ("int", "long", "decimal", "string", "binary"),
+    "year": ("date", *_TIMESTAMPS),
+    "month": ("date", *_TIMESTAMPS),
+    "day": ("date", *_TIMESTAMPS),
+    "hour": _TIMESTAMPS,
+}
+_ALLOWED_TEXT = {
+    "identity": "any primitive column (not a struct, list or map)",
+    "bucket": "int, long, decimal, date, time, timestamp, timestamptz, string, uuid, fixed "
+    "and binary columns",
+    "truncate": "int, long, decimal, string and binary columns",
+    "year": "date, timestamp and timestamptz columns",
+    "month": "date, timestamp and timestamptz columns",
+    "day": "date, timestamp and timestamptz columns",
+    "hour": "timestamp and timestamptz columns",
+}
+
+
+def _kind(source_type: Any) -> str:
+    """The kind of an Iceberg type: ``decimal(10, 2)`` -> ``decimal``, ``fixed[16]`` ->
+    ``fixed``, a struct, list or map -> ``struct``, ``list``, ``map``."""
+    if not getattr(source_type, "is_primitive", True):
+        return type(source_type).__name__.removesuffix("Type").lower()
+    return re.split(r"[(\[]", str(source_type), maxsplit=1)[0].strip().lower()
+
+
+def _applies(transform: str, kind: str, primitive: bool) -> bool:
+    if transform == "void":
+        return True
+    if transform == "identity":
+        return primitive
+    return kind in _SOURCE_KINDS.get(transform, ())
+
+
+def applicable_transforms(source_type: Any, source: str) -> list[str]:
+    """The ``partition_by`` spellings that apply to a column of ``source_type`` (an Iceberg
+    type), e.g. ``['s', 'bucket(N, s)', 'truncate(W, s)']`` for a string column ``s``."""
+    kind, primitive = _kind(source_type), bool(getattr(source_type, "is_primitive", True))
+    out = []
+    for name in ("identity", *TIME_TRANSFORMS, "bucket", "truncate"):
+        if _applies(name, kind, primitive):
+            width = {"bucket": "N", "truncate": "W"}.get(name)
+            out.append(
+                source
+                if name == "identity"
+                else f"{name}({width}, {source})"
+                if width
+                else f"{name}({source})"
+            )
+    return out
+
+
+def source_type_error(term: PartitionTerm, source_type: Any) -> str | None:
+    """Why ``term`` cannot partition a column of ``source_type`` (an Iceberg type), as the
+    Iceberg spec defines each transform's source types; None when it can."""
+    kind, primitive = _kind(source_type), bool(getattr(source_type, "is_primitive", True))
+    if _applies(term.transform, kind, primitive):
+        return None
+    fits = applicable_transforms(source_type, term.source)
+    return (
+        f"column {term.source!r} is {source_type}, and the {term.transform} transform applies "
+        f"to {_ALLOWED_TEXT[term.transform]} only; "
+        + (
+            f"what can partition {term.source!r}: {', '.join(fits)}"
+            if fits
+            else f"no transform partitions a {kind} column (partition by one of its fields)"
+        )
+    )
 
 
 def parse_partition_by(value: Any) -> tuple[PartitionTerm, ...]:
