@@ -169,7 +169,13 @@ class StreamingHandle:
 
         Over Spark Connect the server's worker commits; this waits (up to ``timeout``
         seconds) until the meta store shows every checkpointed epoch committed."""
-        self.query.processAllAvailable()
+        try:
+            self.query.processAllAvailable()
+        except Exception as exc:
+            err = eosink_error_of_stream(exc)
+            if err is not None:
+                raise err from exc
+            raise
         live = self._batches.live
         if live is None:
             wait_committed(self._batches.settings, lambda: _still_running(self.query), timeout)

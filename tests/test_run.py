@@ -20,6 +20,7 @@ from eosink import (
     NewCheckpointError,
     SchemaMismatchError,
     SinkError,
+    SinkIdentityError,
     StreamingHandle,
     UnknownSinkError,
 )
@@ -418,3 +419,42 @@ def test_disk_full_on_staging(spark, tmp_path: Path) -> None:
         assert staged_files(out) == []
     finally:
         subprocess.run(["umount", "-l", str(out)], check=False)
+
+
+def test_stream_stopped_by_an_eosink_error_raises_it(spark, tmp_path: Path) -> None:
+    """A stream whose micro-batch raised an eosink error (here: a batch run of the same sink
+    took the stream's next epoch meanwhile) raises that error from await_termination, not
+    Spark's wrapper (which is its cause); a restart finishes the stream exactly once."""
+    inp, expected = _stream_input(tmp_path, files=2)
+    out, chk = tmp_path / "out", tmp_path / "chk"
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    common: dict[str, Any] = dict(sink="file", path=str(out), metastore_url=url)
+    h = eosink.run(
+        _stream(spark, inp),
+        checkpoint_location=str(chk),
+        trigger={"processingTime": "200 milliseconds"},
+        **common,
+    )
+    assert isinstance(h, StreamingHandle)
+    h.process_all_available()
+    batch = spark.createDataFrame(
+        [(10_000 + i, "b", "x") for i in range(5)], "id long, grp string, payload string"
+    )
+    eosink.run(batch, **common)  # takes the next free epoch, the stream's next one
+    pq.write_table(
+        pa.table({"id": [20_000, 20_001], "grp": ["g", "g"], "payload": ["p", "p"]}),
+        inp / "late.parquet",
+    )
+    with pytest.raises(SinkIdentityError) as exc:
+        h.await_termination(120)
+    assert type(exc.value.__cause__).__name__ == "StreamingQueryException"
+    assert (
+        "was written by another run (a batch job) while this query was running"
+        in str(exc.value).splitlines()[0]
+    )
+    again = eosink.run(
+        _stream(spark, inp), checkpoint_location=str(chk), trigger="availableNow", **common
+    )
+    assert isinstance(again, StreamingHandle)
+    again.await_termination()
+    assert read_ids(out) == sorted([*expected, *range(10_000, 10_005), 20_000, 20_001])
