@@ -240,7 +240,7 @@ def test_stream_default_staging_under_checkpoint(
     assert _roots(metastore, f"kafka:{other}") == {f"{chk2}/eosink/staging"}
 
 
-def test_unshared_staging_is_refused_before_phase_1(kafka: Any, tmp_path: Path) -> None:
+def test_unshared_staging_is_refused_before_phase_1(kafka: Any, topic: str, tmp_path: Path) -> None:
     """A staging_path that is not shared (a local path on a cluster): the staged file a task
     on another host reported is not on the driver's disk, or not as written, and Spark's
     writer staged rows the driver does not find. Each is a SinkError saying so, raised
@@ -249,7 +249,9 @@ def test_unshared_staging_is_refused_before_phase_1(kafka: Any, tmp_path: Path) 
     import pyarrow.parquet as pq
     from eosink_kafka.coordinator import KafkaCoordinator
 
-    opts = _kafka_options(bootstrap_servers=kafka.bootstrap, staging_path=str(tmp_path / "s"))
+    opts = _kafka_options(
+        bootstrap_servers=kafka.bootstrap, topic=topic, staging_path=str(tmp_path / "s")
+    )
     coord = KafkaCoordinator(opts, "kafka:t")
     rel = f"{coord.key}/1/p00000-a0-x/part-00000.parquet"
     result = {"staged": rel, "rows": 3, "bytes": 0, "raw": 30, "host": "executor-7"}

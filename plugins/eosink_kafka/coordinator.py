@@ -36,9 +36,11 @@ from .staging import (
     Stage,
     chunks_of,
     fsync_path,
+    merge_targets,
     read_chunk,
     stage_of,
     staged_file_info,
+    targets_of,
 )
 
 __all__ = ["KafkaCoordinator", "make_coordinator", "validate_schema"]
@@ -102,8 +104,9 @@ class KafkaCoordinator(
     """Publishes staged chunks through a fixed pool of transactional ids (see the module)."""
 
     def __init__(self, opts: KafkaSinkOptions, sink_id: str) -> None:
-        from .transactions import Admin
+        from .transactions import Admin, check_producer_config
 
+        check_producer_config(opts)  # first: a bad setting would fail every commit
         self.opts = opts
         self.sink_id = sink_id
         self.key = sink_key(sink_id)
@@ -229,7 +232,9 @@ class KafkaCoordinator(
                 p.unlink()
                 continue
             rel = p.relative_to(root).as_posix()
-            files.append({"staged": rel, "rows": rows, "bytes": p.stat().st_size, "raw": size})
+            f = {"staged": rel, "rows": rows, "bytes": p.stat().st_size, "raw": size}
+            f["targets"] = [[t, n] for t, n in self._targets_of_file(p).items()]
+            files.append(f)
         if self.opts.fsync:
             with ThreadPoolExecutor(max_workers=8) as pool:
                 list(pool.map(fsync_path, [root / str(f["staged"]) for f in files]))
@@ -250,13 +255,79 @@ class KafkaCoordinator(
                 "location every node reaches (a shared mount, or s3://bucket/prefix)"
             )
 
+    def _targets_of_file(self, path: Any) -> dict[str | None, int]:
+        """:func:`targets_of` a staged file (its ``topic`` and ``partition`` columns only)."""
+        import pyarrow.parquet as pq
+
+        names = pq.read_schema(path).names
+        topic = self.opts.topic
+        cols = ["partition"] if "partition" in names else []
+        if topic is None:
+            if "topic" not in names:
+                return {}
+            cols.insert(0, "topic")
+        elif not cols:
+            return {topic: -1}
+        return targets_of(pq.read_table(path, columns=cols), topic)
+
+    def _check_targets(self, epoch: int, files: Sequence[dict[str, Any]]) -> None:
+        """Every topic the epoch's records go to exists, with the partitions they name, and
+        no record lacks a topic: else the epoch could never be published. Raised before the
+        epoch is persisted, its staged data deleted: the sink is not left with an epoch no
+        commit can finish."""
+        targets: dict[str | None, int] = {}
+        for f in files:
+            found = f.get("targets")
+            if found is None:  # written without the summary: read the file's columns
+                table = self.stage.read_table(str(f["staged"]))
+                more = targets_of(table, self.opts.topic) if table is not None else {}
+            else:
+                more = {t: int(n) for t, n in found}
+            merge_targets(targets, more)
+        if not targets:
+            return
+        problems: list[str] = []
+        if None in targets:
+            problems.append(
+                "some rows have a null topic and the sink has no topic option (every record "
+                "needs one: fix the topic column, or filter those rows)"
+            )
+        existing = self.admin.topics()
+        missing = sorted(t for t in targets if t is not None and t not in existing)
+        if missing:
+            problems.append(
+                f"topic(s) {', '.join(map(repr, missing))} do not exist on "
+                f"{self.opts.bootstrap_servers} (the kafka sink never creates data topics): "
+                "create them, or fix the topic column"
+            )
+        beyond = sorted(
+            f"{t!r} (partition {n}; it has {existing[t]})"
+            for t, n in targets.items()
+            if t is not None and t in existing and n >= existing[t]
+        )
+        if beyond:
+            problems.append(
+                f"rows name partitions the topic does not have: {', '.join(beyond)}; fix the "
+                "partition column or add partitions"
+            )
+        if problems:
+            self.abort(epoch, None)
+            raise SinkError(
+                f"kafka sink {self.sink_id} epoch {epoch} cannot be published: "
+                + "; ".join(problems)
+                + ". Nothing of the epoch was published or recorded (its staged data is "
+                "deleted); run again once fixed"
+            )
+
     # -- the protocol ----------------------------------------------------------------------
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
         """The committable: the chunks of every slot, and the staging location they are in
         (a later run finds them there even if its own ``staging_path`` differs)."""
         files = sorted((f for r in results for f in r["files"]), key=lambda f: str(f["staged"]))
-        # Before anything is persisted: the driver must see what the executors staged.
+        # Before anything is persisted: the driver must see what the executors staged, and
+        # the records' topics (and partitions) must exist.
         self.stage.check_visible(files)
+        self._check_targets(epoch, files)
         slots: dict[str, list[list[Any]]] = {}
         rows = nbytes = 0
         for i, f in enumerate(files):

@@ -60,7 +60,9 @@ class KafkaSinkOptions(S3Options):
             "lz4", "sasl.password": ...}``); options ``kafka.<setting>`` (Spark's style,
             e.g. ``.option("kafka.linger.ms", "10")``) are added to it. Values of
             credential-like keys are never logged or stored. ``transactional.id``,
-            ``enable.idempotence`` and ``bootstrap.servers`` are the sink's.
+            ``enable.idempotence`` and ``bootstrap.servers`` are the sink's. librdkafka
+            checks the settings when the sink starts: one it refuses is a ``ConfigError``
+            naming it, before any Spark job.
         control_topic: the compacted topic holding the sink's markers (which epoch and chunk
             each transactional id committed last). Default ``eosink-control-<sink key>``;
             created when missing (one partition, ``cleanup.policy=compact``).

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eosink import ConfigError, CoordinatedSinkWriter, SinkError, WriterContext
@@ -45,9 +46,11 @@ __all__ = [
     "Stage",
     "chunks_of",
     "fsync_path",
+    "merge_targets",
     "read_chunk",
     "stage_of",
     "staged_file_info",
+    "targets_of",
 ]
 
 log = logging.getLogger("eosink.kafka")
@@ -279,6 +282,7 @@ class KafkaWriter(CoordinatedSinkWriter[dict[str, Any]]):
         self.writer: pq.ParquetWriter | None = None
         self.rows = 0
         self.uploaded = False
+        self.targets: dict[str | None, int] = {}
 
     @property
     def path(self) -> Path:
@@ -300,6 +304,7 @@ class KafkaWriter(CoordinatedSinkWriter[dict[str, Any]]):
             self.writer = pq.ParquetWriter(self.path, batch.schema, compression="snappy")
         self.writer.write_batch(batch)
         self.rows += batch.num_rows
+        merge_targets(self.targets, targets_of(batch, self.opts.topic))
 
     def finish_write(self, epoch: int) -> dict[str, Any]:
         assert self.dir is not None
@@ -317,7 +322,13 @@ class KafkaWriter(CoordinatedSinkWriter[dict[str, Any]]):
         elif self.opts.fsync:
             fsync_path(self.path)
             fsync_path(self.dir)
-        f = {"staged": self.rel, "rows": self.rows, "bytes": size, "raw": raw}
+        f = {
+            "staged": self.rel,
+            "rows": self.rows,
+            "bytes": size,
+            "raw": raw,
+            "targets": [[t, p] for t, p in self.targets.items()],
+        }
         return {"files": [{**f, "host": socket.gethostname()}]}
 
     def abort_write(self) -> None:
@@ -343,6 +354,37 @@ def _info(md: pq.FileMetaData) -> tuple[int, int]:
 def staged_file_info(path: Path) -> tuple[int, int]:
     """(rows, uncompressed bytes) of a staged Parquet file, from its footer."""
     return _info(pq.read_metadata(path))
+
+
+def targets_of(data: pa.Table | pa.RecordBatch, topic: str | None) -> dict[str | None, int]:
+    """The topics the rows of ``data`` go to, each with the highest ``partition`` a row names
+    (-1: none names one); a ``None`` topic: rows with a null topic and no ``topic`` option.
+    Checked against the cluster before the epoch is persisted (``pre_commit``)."""
+    n = data.num_rows
+    names = data.schema.names
+    if n == 0 or (topic is None and "topic" not in names):
+        return {}
+    part = data.column("partition") if "partition" in names else None
+    if topic is not None:
+        high = pc.max(part).as_py() if part is not None else None
+        return {topic: -1 if high is None else int(high)}
+    table = pa.table(
+        {
+            "topic": data.column("topic"),
+            "p": part.cast(pa.int64()) if part is not None else pa.nulls(n, pa.int64()),
+        }
+    )
+    out: dict[str | None, int] = {}
+    for row in table.group_by("topic").aggregate([("p", "max")]).to_pylist():
+        high = row["p_max"]
+        out[row["topic"]] = -1 if high is None else int(high)
+    return out
+
+
+def merge_targets(into: dict[str | None, int], more: dict[str | None, int]) -> None:
+    """Add ``more`` (from :func:`targets_of`) to ``into``: the highest partition wins."""
+    for t, p in more.items():
+        into[t] = max(p, into.get(t, -1))
 
 
 def chunks_of(rel: str, rows: int, size: int, chunk_bytes: int) -> list[list[Any]]:

@@ -35,9 +35,9 @@ from eosink import (
     fault_point,
 )
 
-from .options import KafkaSinkOptions, redact
+from .options import _SECRET_KEYS, KafkaSinkOptions, redact
 
-__all__ = ["Admin", "Slot", "covered", "read_markers"]
+__all__ = ["Admin", "Slot", "check_producer_config", "covered", "read_markers"]
 
 log = logging.getLogger("eosink.kafka")
 rdlog = logging.getLogger("eosink.kafka.librdkafka")
@@ -96,6 +96,49 @@ def _kafka_exception(exc: BaseException) -> KafkaException | None:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def _config_refused(conf: dict[str, Any]) -> str | None:
+    """librdkafka's reason to refuse ``conf`` (it validates a configuration when a client is
+    constructed, without contacting any broker), or None."""
+    try:
+        producer = Producer(conf, logger=rdlog)
+    except (KafkaException, TypeError, ValueError) as exc:
+        err = _err(exc)
+        return err.str() if err is not None else str(exc)
+    producer.close()
+    return None
+
+
+def check_producer_config(opts: KafkaSinkOptions) -> None:
+    """Raise :class:`ConfigError` naming the setting of ``producer_config`` librdkafka refuses.
+
+    Checked when the coordinator starts, before any Spark job and any meta store row: a bad
+    setting would otherwise fail every commit (with librdkafka's raw error).
+    """
+    conf = opts.producer_settings("eosink-config-check")
+    reason = _config_refused(conf)
+    if reason is None:
+        return
+    base = {k: v for k, v in conf.items() if k not in opts.producer_config}
+    bad = [k for k in opts.producer_config if _config_refused({**base, k: opts.producer_config[k]})]
+
+    def shown(k: str) -> str:
+        v = opts.producer_config[k]
+        return f"{k}=***" if _SECRET_KEYS.search(k) else f"{k}={v!r}"
+
+    what = (
+        ", ".join(shown(k) for k in bad)
+        if bad
+        else "a combination of " + ", ".join(map(shown, opts.producer_config))
+    )
+    raise ConfigError(
+        redact(
+            f"producer_config: librdkafka refuses {what} ({reason}); see librdkafka's "
+            "CONFIGURATION.md for the producer settings and their values",
+            opts,
+        )
+    )
 
 
 class Admin:
