@@ -1,0 +1,391 @@
+"""Spark Connect: eosink through a real Connect server, from client processes.
+
+The server is a ``SparkConnectServer`` JVM of its own (``local[2]``, tests/connect.py), shared
+by this module's tests on one pytest worker; the clients are ``tests/connect_job.py``
+subprocesses (a Connect client would switch this process's pyspark to Connect mode). Both
+front ends are exercised, ``eosink.run`` and ``format("eosink")``, batch and stream, to the
+file, iceberg and kafka sinks; the output is read back by the crash harness's independent
+readers (pyarrow, pyiceberg, a ``read_committed`` consumer) row by row.
+
+Crashes: the Connect server (the driver) is SIGKILLed mid-stream with everything it started
+and restarted, and a client process is SIGKILLed while the server's query runs; a new client
+then finishes the stream on the same checkpoint, exactly once. A bad option is an eosink
+error before anything is written.
+
+Over Spark Connect, eosink's stream code runs in the server's Python workers (the
+``foreachBatch`` worker of ``eosink.run``, the data source's workers of ``format("eosink")``),
+so fault points are armed in the server's environment; see tests/connect.py.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from connect import Client, ConnectJob, ConnectServer, run_client
+from harness import epoch_states, make_input, read_ids
+
+SINKS = ["file", "iceberg", "kafka"]
+ROWS = 40  # rows per input file (one micro-batch each)
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    """One Connect server for this module on this pytest worker (started on first use;
+    crash tests restart it with fault points armed and leave it clean)."""
+    server = ConnectServer(tmp_path_factory.mktemp("connect-server"), start=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def server(connect_server: ConnectServer) -> ConnectServer:
+    """The shared server, running, with nothing armed."""
+    connect_server.ensure(env={})
+    return connect_server
+
+
+def make_job(
+    server: ConnectServer,
+    tmp: Path,
+    sink: str,
+    mode: str,
+    front: str,
+    kafka: Any = None,
+    **kw: Any,
+) -> ConnectJob:
+    """A job of ``sink`` in its own directory with its own SQLite meta store (two iceberg
+    jobs would share the default sink id ``iceberg:eosink.db.events``)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    opts: dict[str, Any] = dict(kw.pop("sink_options", {}))
+    if sink == "kafka":
+        topic = f"connect-{uuid.uuid4().hex[:10]}"
+        kafka.create_topic(topic, partitions=2)
+        opts = {
+            "bootstrap_servers": kafka.bootstrap,
+            "topic": topic,
+            "staging_path": str(tmp / "staging"),
+            "timeout_seconds": 20,
+            **opts,
+        }
+    extra = {"sink": sink, **kw}
+    if sink == "file":
+        extra.setdefault("partition_by", "grp")
+    metastore = f"sqlite:///{tmp / 'metastore.db'}"
+    return ConnectJob(server, tmp, mode, metastore, front=front, sink_options=opts, **extra)
+
+
+def check_output(job: ConnectJob, expected: list[int], per_epoch: int | None = None) -> None:
+    """The job's target holds ``expected`` exactly once (independent readers), nothing is
+    left staged, every epoch is COMMITTED."""
+    sink = job.extra["sink"]
+    if sink == "file":
+        got = read_ids(job.out, partitioned=bool(job.extra.get("partition_by")))
+        assert got == expected, _diff(got, expected)
+        assert job.output().staged() == []
+    elif sink == "iceberg":
+        from test_iceberg import iceberg_rows, orphan_files
+
+        opts = job.iceberg_options()
+        rows = iceberg_rows(opts)
+        got = sorted(r["id"] for r in rows)
+        assert got == expected, _diff(got, expected)
+        assert all(r["payload"] == f"payload-{r['id']}" for r in rows)
+        assert orphan_files(opts) == []
+    else:
+        from test_kafka_crash import check_topic
+
+        check_topic(job, expected, per_epoch=per_epoch)
+    states = epoch_states(job.metastore_url, job.sink_id)
+    assert set(states) == {"COMMITTED"}, states
+
+
+def _diff(got: list[int], expected: list[int]) -> str:
+    dup = sorted({i for i in got if got.count(i) > 1})
+    return (
+        f"{len(got)} rows read back, {len(expected)} written; missing "
+        f"{sorted(set(expected) - set(got))[:10]}, duplicated {dup[:10]}"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Batch and stream, both front ends, three sinks
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_sink_over_connect(
+    request: pytest.FixtureRequest, server: ConnectServer, tmp_path: Path, sink: str
+) -> None:
+    """One client session: a file stream through ``eosink.run`` and one through
+    ``format("eosink")`` (one input file per micro-batch, ``availableNow``) run on the server
+    while the client writes a batch through each front end (epoch 5), then the same two
+    batches again (no-ops: skipped, nothing written twice). Each of the four targets holds
+    its input exactly once."""
+    kafka = request.getfixturevalue("kafka") if sink == "kafka" else None
+    jobs = {
+        (mode, front): make_job(server, tmp_path / f"{mode}-{front}", sink, mode, front, kafka)
+        for mode in ("stream", "batch")
+        for front in ("run", "format")
+    }
+    expected = {
+        key: make_input(job.input, files=3 if key[0] == "stream" else 2, rows=ROWS)
+        for key, job in jobs.items()
+    }
+    register = "spark" if sink == "file" else "eosink"  # both ways of registering
+    steps = [
+        jobs["stream", "run"].step(background=True),
+        jobs["stream", "format"].step(background=True, register=register),
+        jobs["batch", "run"].step(),
+        jobs["batch", "run"].step(),
+        jobs["batch", "format"].step(register=register),
+        jobs["batch", "format"].step(register=register),
+    ]
+    client = run_client(server.url, steps, tmp_path / "client.log")
+    assert client.code == 0 and not client.errors, client
+    first, again = client.result(2)["batch"], client.result(3)["batch"]
+    assert first["rows"] == len(expected["batch", "run"]) and first["committed"], first
+    assert not first["skipped"] and again["skipped"] and again["rows"] == 0, again
+    stream_run = client.result(0)
+    assert sorted(f["rows"] for f in stream_run["figures"]) == [ROWS] * 3, stream_run
+    for key, job in jobs.items():
+        try:
+            check_output(job, expected[key], per_epoch=ROWS if key[0] == "stream" else None)
+            epochs = epoch_states(job.metastore_url, job.sink_id)["COMMITTED"]
+            assert sorted(epochs) == ([0, 1, 2] if key[0] == "stream" else [5]), epochs
+        except AssertionError as exc:
+            raise AssertionError(f"{key}: {exc}\n{client}") from exc
+
+
+# ---------------------------------------------------------------------------------------
+# Bad options
+# ---------------------------------------------------------------------------------------
+
+# (front, mode, bad sink or eosink options, bad step entries, eosink error class, a word of
+# its message). The options are merged over the job's good ones.
+BAD: list[tuple[str, str, dict[str, Any], dict[str, Any], str, str]] = [
+    ("run", "batch", {"colour": "red"}, {}, "ConfigError", "colour"),
+    ("run", "batch", {}, {"epoch": -1}, "ConfigError", "epoch"),
+    ("run", "stream", {}, {"trigger": {"bogus": 1}}, "ConfigError", "trigger"),
+    ("run", "stream", {"format": "xml"}, {}, "ConfigError", "format"),
+    # Over Spark Connect the checkpoint must be a path the client and the server share.
+    ("run", "stream", {}, {"checkpoint_location": "hdfs://h:9/c"}, "ConfigError", "checkpoint"),
+    ("format", "batch", {"colour": "red"}, {}, "ConfigError", "colour"),
+    ("format", "batch", {}, {"epoch": -1}, "ConfigError", "epoch"),
+    ("format", "stream", {"colour": "red"}, {}, "ConfigError", "colour"),
+    ("format", "stream", {"new_checkpoint": "maybe"}, {}, "ConfigError", "new_checkpoint"),
+]
+
+
+def test_bad_options_write_nothing(server: ConnectServer, tmp_path: Path) -> None:
+    """Each bad option is an eosink error, raised in the client as that class (not Spark's
+    exception around it), before anything is written: no meta store row, no output, no
+    eosink state in the checkpoint (Spark's own may exist: a ``format("eosink")`` stream
+    starts before Spark asks the data source for its writer). One client runs every case."""
+    jobs, steps = [], []
+    for n, (front, mode, options, entries, _, _) in enumerate(BAD):
+        job = make_job(server, tmp_path / f"case{n}", "file", mode, front)
+        make_input(job.input, files=1, rows=5)
+        jobs.append(job)
+        opts = {**job.sink_opts(), **options}
+        steps.append(job.step(options=opts, **entries, expect_error=True))
+    client = run_client(server.url, steps, tmp_path / "client.log")
+    assert client.code == 0 and not client.results, client
+    for n, (front, mode, options, entries, cls, word) in enumerate(BAD):
+        job, err = jobs[n], client.error(n)
+        case = f"case {n} ({front} {mode} {options} {entries}): {err}"
+        assert err is not None, case
+        assert (err["module"], err["class"]) == ("eosink.errors", cls), case
+        assert word in err["message"], case
+        # Nothing written.
+        assert not job.out.exists() or not any(job.out.iterdir()), case
+        assert _meta_rows(job) == [], case
+        assert not (job.checkpoint / "eosink-lineage.json").exists(), case
+        assert not (job.checkpoint / "eosink").exists(), case
+
+
+def _meta_rows(job: ConnectJob) -> list[Any]:
+    """Every row of the job's meta store (none when its file was never created)."""
+    import sqlalchemy as sa
+
+    path = Path(job.metastore_url.removeprefix("sqlite:///"))
+    if not path.exists():
+        return []
+    eng = sa.create_engine(job.metastore_url)
+    try:
+        with eng.connect() as c:
+            tables = sa.inspect(c).get_table_names()
+            return [
+                (t, *row)
+                for t in tables
+                if t != "alembic_version"
+                for row in c.execute(sa.text(f'select * from "{t}"')).all()
+            ]
+    finally:
+        eng.dispose()
+
+
+# ---------------------------------------------------------------------------------------
+# Crashes: the server (the driver) and a client
+# ---------------------------------------------------------------------------------------
+
+
+def add_input(directory: Path, first: int, files: int, rows: int = ROWS) -> list[int]:
+    """More input files after ``first`` files of ``rows`` rows (ids continue), as
+    ``harness.make_input`` names and fills them; returns their ids."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
+        ids = make_input(Path(tmp), files=first + files, rows=rows)[first * rows :]
+        for f in range(first, first + files):
+            # Renamed in: a file stream never sees a half-written file.
+            shutil.copy(Path(tmp) / f"in-{f:03d}.parquet", Path(tmp) / "x")
+            os.replace(Path(tmp) / "x", directory / f"in-{f:03d}.parquet")
+    return ids
+
+
+FRONTS = ("run", "format")
+RUNNING = {"trigger": {"processingTime": "1 second"}, "end": "forever"}
+
+
+def _epochs(job: ConnectJob) -> set[int]:
+    """Every epoch the job's meta store has a row for, whatever its state."""
+    return {e for es in epoch_states(job.metastore_url, job.sink_id).values() for e in es}
+
+
+@pytest.mark.crash
+def test_server_killed_mid_stream(connect_server: ConnectServer, tmp_path: Path) -> None:
+    """Two streams run on the server, one through each front end, their clients waiting.
+
+    1. The server is SIGKILLed (the JVM and every Python worker it started) once both
+       reached ``mid_commit@2`` in the server's Python: half of the second micro-batch's
+       files are visible (``eosink.run``: after Spark checkpointed the batch, in the
+       foreachBatch worker's committer; ``format("eosink")``: in the data source's inline
+       commit, before Spark's checkpoint).
+    2. The server restarts on the same port, more input arrives, new clients start both
+       streams again; once both persisted a new epoch, the server is SIGKILLed at a random
+       instant (up to 1.5 s later).
+    3. The server restarts; a last client runs both streams to the end (``availableNow``),
+       with one more input file. Every row exactly once.
+    """
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    connect_server.ensure(env={"EOSINK_FAULT": "mid_commit@2", "EOSINK_FAULT_MARK": str(marks)})
+    jobs = [
+        make_job(connect_server, tmp_path / f, "file", "stream", f, step=RUNNING) for f in FRONTS
+    ]
+    expected = [make_input(job.input, files=3, rows=ROWS) for job in jobs]
+    clients = [job.start() for job in jobs]
+    try:
+        connect_server.kill_when_fired(marks, "mid_commit", count=2)
+    finally:
+        codes = [job.reap(c) for job, c in zip(jobs, clients, strict=True)]
+    assert codes == [-9, -9], [job.last_log() for job in jobs]
+    assert connect_server.processes() == [] and not connect_server.alive
+    for job, want in zip(jobs, expected, strict=True):
+        states = epoch_states(job.metastore_url, job.sink_id)
+        assert "PENDING" in states, (job.front, states)  # the crash left epoch 1 to finish
+        assert read_ids(job.out, partitioned=True) != want  # and rows to write
+
+    connect_server.restart(env={})
+    before = [_epochs(job) for job in jobs]
+    for job, more in zip(jobs, expected, strict=True):
+        more += add_input(job.input, first=3, files=3)
+    clients = [job.start() for job in jobs]
+    try:
+        deadline = time.monotonic() + 300
+        while not all(_epochs(j) - b for j, b in zip(jobs, before, strict=True)):
+            assert time.monotonic() < deadline, [j.last_log() for j in jobs]
+            assert all(c.poll() is None for c in clients), "a client ended"
+            time.sleep(0.02)
+        time.sleep(random.Random("connect-server-kill").uniform(0.0, 1.5))
+        connect_server.kill()
+    finally:
+        codes = [job.reap(c) for job, c in zip(jobs, clients, strict=True)]
+    assert codes == [-9, -9], [job.last_log() for job in jobs]
+
+    connect_server.restart(env={})
+    for job, more in zip(jobs, expected, strict=True):
+        more += add_input(job.input, first=6, files=1)
+        job.step_overrides = {}
+    client = run_client(connect_server.url, [job.step() for job in jobs], tmp_path / "client.log")
+    assert client.code == 0 and not client.errors, client
+    for job, want in zip(jobs, expected, strict=True):
+        check_output(job, want, per_epoch=ROWS)
+
+
+@pytest.mark.crash
+def test_client_killed_while_stream_runs(server: ConnectServer, tmp_path: Path) -> None:
+    """Two clients start a stream each (one per front end, a 1-second processing-time
+    trigger, one input file per micro-batch) and are SIGKILLed once their stream persisted
+    its first PENDING epoch; the queries run on in the server without them (more epochs get
+    committed). A new client starts both streams again on the same checkpoints with
+    ``availableNow``: Spark stops each orphaned run, wherever it is
+    (``spark.sql.streaming.stopActiveRunOnRestart``), the new runs fence it and finish.
+    Then more input arrives and the same client runs both streams once more. Every row
+    exactly once."""
+    jobs = [make_job(server, tmp_path / f, "file", "stream", f, step=RUNNING) for f in FRONTS]
+    expected = [make_input(job.input, files=6, rows=ROWS) for job in jobs]
+    clients = [job.start() for job in jobs]
+    try:
+        for job, c in zip(jobs, clients, strict=True):
+            job.wait_in_protocol(c)
+            assert job.reap(c) == -9, job.last_log()
+    finally:
+        for job, c in zip(jobs, clients, strict=True):
+            if c.returncode is None:
+                job.reap(c)
+    deadline = time.monotonic() + 180
+    for job in jobs:
+        # The orphaned query goes on with no client: epochs after the first get committed.
+        while len(epoch_states(job.metastore_url, job.sink_id).get("COMMITTED", [])) < 2:
+            assert time.monotonic() < deadline, (job.front, job.last_log(), server.tail())
+            time.sleep(0.2)
+        job.step_overrides = {}
+    log_start = len(server.tail(10**9))
+    go = tmp_path / "more-input"
+    steps = [job.step() for job in jobs] + [job.step(wait_for=str(go)) for job in jobs]
+    client = Client(server.url, steps, tmp_path / "client.log")
+    restarted = client.wait_until(lambda out: out.result(1) is not None or out.errors)
+    assert not restarted.errors, restarted
+    stopped = server.tail(10**9)[log_start:]
+    for n in range(len(jobs)):
+        query = restarted.result(n)["query_id"]
+        assert f"Stopping existing streaming query [id={query}" in stopped, (query, stopped[-3000:])
+    for job, more in zip(jobs, expected, strict=True):
+        more += add_input(job.input, first=6, files=2)
+    go.touch()
+    done = client.finish()
+    assert done.code == 0 and not done.errors, done
+    for job, want in zip(jobs, expected, strict=True):
+        check_output(job, want, per_epoch=ROWS)
+    # The last runs wrote the new input: two micro-batches each.
+    assert len(done.result(2)["figures"]) == 2, done.result(2)
+    assert len(done.result(3)["batches"]) == 2, done.result(3)
+
+
+@pytest.mark.crash
+def test_batch_client_killed(server: ConnectServer, tmp_path: Path) -> None:
+    """A batch ``eosink.run`` over Spark Connect coordinates in the client (Spark's write job
+    runs on the server): the client is SIGKILLed once the server's job staged the epoch
+    (``after_spark_write``), then in a re-run once the epoch is PENDING (``after_persist``).
+    The third run finishes the crashed run's epoch instead of writing it again; every row
+    once, nothing staged; a fourth run is a no-op."""
+    job = make_job(server, tmp_path, "file", "batch", "run")
+    expected = make_input(job.input, files=2, rows=ROWS)
+    for fault in ("after_spark_write", "after_persist"):
+        assert job.run(fault=fault) == -9, job.last_log()
+        assert job.fired() == [fault], job.last_log()
+    assert job.run() == 0, job.last_log()
+    assert job.client().result(0)["batch"]["recovered"], job.last_log()
+    check_output(job, expected)
+    assert job.run() == 0, job.last_log()
+    assert job.client().result(0)["batch"]["skipped"], job.last_log()
+    check_output(job, expected)
