@@ -136,12 +136,22 @@ def test_batch_on_hdfs(spark: Any, hdfs: MiniDFS, tmp_path: Path, fmt: str) -> N
     assert sorted(f["path"] for f in manifest["files"]) == visible
     assert committed_files(url) == [f"{url}/{f}" for f in visible]
     # A second epoch rewrites the marker in place (FileContext rename with OVERWRITE).
-    r2 = eosink.run(df.limit(10), sink="file", path=url, format=fmt, epoch=5, metastore_url=store)
+    r2 = eosink.run(
+        df.limit(10),
+        sink="file",
+        path=url,
+        format=fmt,
+        partition_by="grp",  # the layout the path records (_eosink/layout.json)
+        epoch=5,
+        metastore_url=store,
+    )
     assert r2.committed and r2.rows == 10
     marker = next(f for f in hdfs.files(rel) if f.startswith("_eosink/") and f.count("/") == 1)
     assert [f for f in hdfs.files(rel) if f.startswith("_eosink/.")] == []  # no temporary left
     assert marker.endswith(".json")
-    again = eosink.run(df, sink="file", path=url, format=fmt, epoch=4, metastore_url=store)
+    again = eosink.run(
+        df, sink="file", path=url, format=fmt, partition_by="grp", epoch=4, metastore_url=store
+    )
     assert isinstance(again, BatchResult) and again.skipped
 
 
@@ -171,7 +181,7 @@ def test_stream_and_abort_on_hdfs(spark: Any, hdfs: MiniDFS, tmp_path: Path) -> 
     h.await_termination()
     assert _ids(hdfs, rel, tmp_path / "copy", "json") == ids
     assert len([f for f in hdfs.files(rel) if f.startswith("_eosink/commits/")]) == 3
-    c = FileCoordinator(FileSinkOptions(path=url), f"file:{url}")
+    c = FileCoordinator(FileSinkOptions(path=url, format="json"), f"file:{url}")
     c.init()
     c.write_with_spark(spark.range(50), 9, "spark-x", None)
     assert list(c.staged_epochs()) == [9]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eosink import SinkError
+from eosink import ConfigError, MissingExtraError, SinkError
 from eosink._s3 import local_tmp_dir as local_tmp_dir
 from eosink._s3 import s3_client, split_s3
 
@@ -25,6 +25,13 @@ log = logging.getLogger("eosink.file")
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 """S3's smallest part (every part of a multipart upload but the last)."""
+
+PROBE_CONNECT_TIMEOUT = 5.0
+"""Seconds the start-up probe (:meth:`S3Store.check_bucket`) waits for a connection."""
+PROBE_READ_TIMEOUT = 10.0
+"""Seconds the start-up probe waits for an answer."""
+PROBE_ATTEMPTS = 2
+"""Attempts of the start-up probe (botocore's ``max_attempts``: the first one included)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,7 @@ class S3Store:
     """The bucket and prefix of one file sink."""
 
     def __init__(self, opts: FileSinkOptions) -> None:
+        self.path = opts.path
         self.bucket, self.prefix = split_s3(opts.path)
         self.part_bytes = opts.s3_part_bytes
         self._args = (
@@ -67,16 +75,105 @@ class S3Store:
         return f"s3://{self.bucket}/{self.key(rel)}"
 
     # -- objects -----------------------------------------------------------------------------
-    def check_bucket(self) -> None:
-        from botocore.exceptions import ClientError
+    def probe_client(self) -> Any:
+        """A fresh client with short timeouts and few attempts, for the start-up probe: a
+        refused or silent endpoint fails in seconds, not after minutes of retries."""
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError as exc:  # pragma: no cover - exercised without the extra
+            raise MissingExtraError("boto3", "s3", "the file sink on s3://") from exc
+        endpoint, region, key, secret, token = self._args
+        return boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=region,
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+            aws_session_token=token,
+            config=Config(
+                connect_timeout=PROBE_CONNECT_TIMEOUT,
+                read_timeout=PROBE_READ_TIMEOUT,
+                retries={"max_attempts": PROBE_ATTEMPTS, "mode": "standard"},
+            ),
+        )
+
+    def check_bucket(self, read: str | None = None) -> bytes | None:
+        """Check, in bounded time, that the bucket is reachable with the credentials, before
+        anything is written; with ``read``, also return that object's bytes (None if absent).
+
+        Raises:
+            ConfigError: no credentials (options nor boto3's chain), or credentials S3
+                refuses.
+            SinkError: the endpoint cannot be reached (named, with what was tried), or the
+                bucket cannot be used.
+        """
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+        from botocore.exceptions import ConnectionError as BotoConnectionError
 
         try:
-            self.client.head_bucket(Bucket=self.bucket)
+            client = self.probe_client()
+        except BotoCoreError as exc:  # e.g. an endpoint URL botocore cannot parse
+            raise ConfigError(f"the file sink cannot use {self.path}: {exc}") from None
+        endpoint = client.meta.endpoint_url
+        tried = (
+            f"{PROBE_ATTEMPTS} attempt(s), connect timeout {PROBE_CONNECT_TIMEOUT:g} s, "
+            f"read timeout {PROBE_READ_TIMEOUT:g} s"
+        )
+        try:
+            client.head_bucket(Bucket=self.bucket)
+            if read is None:
+                return None
+            try:
+                body = client.get_object(Bucket=self.bucket, Key=self.key(read))["Body"]
+                return bytes(body.read())
+            except ClientError as exc:
+                if self.missing(exc):
+                    return None
+                raise
+        except (NoCredentialsError, PartialCredentialsError) as exc:
+            raise ConfigError(
+                f"the file sink found no S3 credentials for {self.path} ({exc}): give "
+                "s3_access_key_id and s3_secret_access_key (and s3_session_token for temporary "
+                "ones), or configure boto3's credential chain (AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE and ~/.aws/credentials, an instance or pod "
+                "role). Nothing was written"
+            ) from None
+        except BotoConnectionError as exc:
+            raise SinkError(
+                f"the file sink cannot reach the S3 endpoint {endpoint} for {self.path} "
+                f"(HeadBucket {self.bucket!r}: {tried}): {exc}. Check s3_endpoint_url (or "
+                "AWS_ENDPOINT_URL) and s3_region, and that the endpoint is up and reachable "
+                "from the driver. Nothing was written"
+            ) from None
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
+            if code in (
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+                "InvalidToken",
+                "ExpiredToken",
+                "InvalidClientTokenId",
+            ):
+                raise ConfigError(
+                    f"S3 at {endpoint} refused the file sink's credentials for {self.path} "
+                    f"({code}): check s3_access_key_id, s3_secret_access_key and "
+                    "s3_session_token (or boto3's credential chain). Nothing was written"
+                ) from None
             raise SinkError(
-                f"the file sink cannot use bucket {self.bucket!r} ({code or exc}): create it, "
-                "or check s3_endpoint_url and the credentials"
+                f"the file sink cannot use bucket {self.bucket!r} at {endpoint} "
+                f"({code or exc}): create it, or check s3_endpoint_url and the credentials. "
+                "Nothing was written"
+            ) from None
+        except BotoCoreError as exc:
+            raise SinkError(
+                f"the file sink cannot check bucket {self.bucket!r} at {endpoint} for "
+                f"{self.path} ({tried}): {exc}. Nothing was written"
             ) from None
 
     @staticmethod

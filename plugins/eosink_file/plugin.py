@@ -9,6 +9,7 @@ Hadoop filesystem URI)::
     <col=value>/.../part-<epoch>-<n>-<token>.<ext>                (published, every epoch)
     <col=value>/.../part-<start epoch>-s<sink key 8>.<ext>        (published, rolled)
     _eosink/<sink key>.json                                    (the sink's marker)
+    _eosink/layout.json                         (format and partition_by, every sink's)
     _eosink/<sink key>.slots.json                              (open files, rolling)
     _eosink/commits/<sink key>/<epoch>[.roll-<n>].json         (the manifests)
 
@@ -40,6 +41,7 @@ import posixpath
 import re
 import shutil
 import stat
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -86,6 +88,9 @@ log = logging.getLogger("eosink.file")
 STAGING_DIR = "_eosink_staging"
 MARKER_DIR = "_eosink"
 COMMITS_DIR = "commits"
+LAYOUT_REL = f"{MARKER_DIR}/layout.json"
+"""The target's layout record (:func:`layout_of`), shared by every sink writing the path."""
+LAYOUT_KEYS = ("format", "partition_by")
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 FORMATS = ("parquet", "orc", "json", "csv", "text")
 _EXT = {"parquet": "parquet", "orc": "orc", "json": "jsonl", "csv": "csv", "text": "txt"}
@@ -163,7 +168,7 @@ def _not_writable(path: Path) -> str | None:
             return "exists and is not a directory (the file sink writes a directory of files)"
         if not os.access(path, os.W_OK | os.X_OK):
             return "is a directory this user cannot write"
-        return None
+        return _probe(path, "is a directory the file sink cannot write")
     parent = path.parent
     while True:  # the nearest existing ancestor is where the directories get created
         try:
@@ -179,6 +184,22 @@ def _not_writable(path: Path) -> str | None:
         return f"cannot be created: {parent} is a file, not a directory"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot be created: {parent} is not writable by this user"
+    return _probe(parent, "cannot be created")
+
+
+def _probe(directory: Path, what: str) -> str | None:
+    """Create and remove a hidden directory in ``directory``: ``os.access`` says yes to
+    root everywhere, and to anyone on filesystems that refuse writes anyway (``/proc``,
+    ``/sys``). The OS error when it fails, else None."""
+    probe = directory / f".eosink-probe-{uuid.uuid4().hex[:12]}"
+    try:
+        probe.mkdir()
+    except OSError as exc:
+        return f"{what}: creating a directory in {directory} fails: {exc.strerror or exc}"
+    try:
+        probe.rmdir()
+    except OSError:
+        pass
     return None
 
 
@@ -457,6 +478,107 @@ def sink_key(sink_id: str) -> str:
     return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
 
 
+def layout_of(opts: FileSinkOptions) -> dict[str, Any]:
+    """The options that shape what readers of the target see, as the target records them.
+
+    ``format`` (one reader reads one format) and ``partition_by`` (Spark, pyarrow and Hive
+    discover partitions from the directory names: a directory with ``g=...`` directories
+    and files at its root shows only one of the two). Not recorded: ``compression`` (each
+    file names its codec, in its footer or its suffix; readers mix them), the rolling
+    options (file sizes and visibility, not content), ``writer``, ``fsync`` and
+    ``format_options`` (the writers' options).
+    """
+    return {"format": opts.format, "partition_by": list(opts.partition_by)}
+
+
+def _parse_layout(raw: bytes, where: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as exc:
+        raise SinkError(
+            f"the file sink's layout record {where} is corrupt ({exc}); it records the "
+            "format and partition_by the files under that directory were written with. "
+            'Restore it, or write it again: {"format": "parquet", "partition_by": [...]}'
+        ) from None
+    return data
+
+
+def check_layout(opts: FileSinkOptions, recorded: Mapping[str, Any] | None, where: str) -> None:
+    """Refuse options whose :func:`layout_of` differs from the target's record.
+
+    Raises:
+        ConfigError: naming the recorded and the new values, and how to move to a new
+            layout.
+    """
+    if recorded is None:
+        return
+    want = layout_of(opts)
+    have = {k: recorded.get(k) for k in LAYOUT_KEYS}
+    changed = [k for k in LAYOUT_KEYS if have[k] != want[k]]
+    if not changed:
+        return
+    shown_have = ", ".join(f"{k}={have[k]!r}" for k in changed)
+    shown_want = ", ".join(f"{k}={want[k]!r}" for k in changed)
+    read = f"spark.read.format({have['format']!r}).load({opts.path!r})"
+    raise ConfigError(
+        f"the file sink's target {opts.path} holds files written with {shown_have} (its "
+        f"layout record {where}); this run asks for {shown_want}. Readers take one layout "
+        "per directory (one format; partition directories found from the names), so files "
+        "in two layouts would hide rows from them. Keep "
+        f"{shown_have} for this path; or write the new layout to a new path (copy what is "
+        f"here with eosink.run({read}, sink='file', path=<new path>, {shown_want}, epoch=0), "
+        "then keep writing there); or, to start over, delete the whole directory "
+        f"{opts.path} (its _eosink directory included). Nothing was written"
+    )
+
+
+def _connect_client() -> bool:
+    """Whether this process is a Spark Connect client (an active Connect session, no JVM)."""
+    connect = sys.modules.get("pyspark.sql.connect.session")
+    if connect is None or spark_session() is not None:
+        return False
+    try:
+        return connect.SparkSession.getActiveSession() is not None
+    except Exception:
+        return False
+
+
+def read_layout(opts: FileSinkOptions) -> tuple[dict[str, Any] | None, str] | None:
+    """The target's layout record read before anything is written (no side effects), and
+    where it is; None where it cannot be read yet (other Hadoop filesystems, or a driver
+    without Spark: the coordinator's ``init`` checks it there).
+
+    On ``s3://`` this is also the start-up probe of the endpoint, credentials and bucket
+    (:meth:`S3Store.check_bucket`, bounded in time).
+    """
+    if opts.is_s3:
+        store = S3Store(opts)
+        try:
+            raw = store.check_bucket(read=LAYOUT_REL)
+        except (ConfigError, SinkError) as exc:
+            if not _connect_client():
+                raise
+            # A Spark Connect client: a stream's coordinator runs on the server, whose
+            # credentials and network may differ; its init probes the same way there.
+            log.info("file sink: %s cannot be checked from this client (%s)", opts.path, exc)
+            return None
+        where = store.url(LAYOUT_REL)
+        return (None if raw is None else _parse_layout(raw, where)), where
+    local = opts.local_path
+    if local is None:
+        return None
+    f = local / LAYOUT_REL
+    try:
+        raw = f.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None, str(f)
+    except OSError as exc:
+        raise ConfigError(f"the file sink cannot read {f}: {exc.strerror or exc}") from None
+    return _parse_layout(raw, str(f)), str(f)
+
+
 def _json_default(v: Any) -> Any:
     if isinstance(v, (_dt.datetime, _dt.date, _dt.time)):
         return v.isoformat()
@@ -718,6 +840,8 @@ class FileCoordinator(
         self.commits_rel = f"{MARKER_DIR}/{COMMITS_DIR}/{self.key}"
         self.commits = self.root / self.commits_rel
         self._marker: dict[str, Any] | None = None
+        # The target's layout record (None until recorded: at the first commit).
+        self._layout: dict[str, Any] | None = None
         # Also without rolling options: files left open by an earlier run that had them are
         # published at this run's end, never forgotten.
         self.roller = Roller(
@@ -957,6 +1081,7 @@ class FileCoordinator(
                 ) from None
         else:
             self.root.mkdir(parents=True, exist_ok=True)
+        self._init_layout()
         self.roller.load()
         if self.roller.committed["slots"] and not self.opts.rolling:
             log.warning(
@@ -964,6 +1089,60 @@ class FileCoordinator(
                 "they are published at the end of this run",
                 len(self.roller.committed["slots"]),
             )
+
+    def _layout_where(self) -> str:
+        if self.s3 is not None:
+            return self.s3.url(LAYOUT_REL)
+        if self.hadoop is not None:
+            return self.hadoop.url(LAYOUT_REL)
+        return str(self.root / LAYOUT_REL)
+
+    def _init_layout(self) -> None:
+        """Check this run's layout against the target's record (:func:`check_layout`).
+
+        Without a record, a target that already holds committed epochs (written before
+        eosink recorded layouts) adopts this run's layout now, once; an empty one records
+        it with its first commit, so that a run that fails before committing anything does
+        not fix a layout.
+        """
+        where = self._layout_where()
+        try:
+            raw = self._read_json(LAYOUT_REL)
+        except ValueError as exc:
+            raise SinkError(f"the file sink's layout record {where} is corrupt ({exc})") from None
+        if raw is not None:
+            check_layout(self.opts, raw, where)
+            self._layout = {k: raw.get(k) for k in LAYOUT_KEYS}
+            return
+        self._layout = None
+        if self._holds_commits():
+            log.info(
+                "file sink: the target %s has no layout record (written before eosink "
+                "recorded one); adopting this run's format=%r, partition_by=%r in %s",
+                self.opts.path,
+                self.opts.format,
+                list(self.opts.partition_by),
+                where,
+            )
+            self._record_layout()
+
+    def _holds_commits(self) -> bool:
+        """Whether any sink committed an epoch to this target (a manifest exists)."""
+        base = f"{MARKER_DIR}/{COMMITS_DIR}"
+        if self.s3 is not None:
+            return next(iter(self.s3.objects(base + "/")), None) is not None
+        if self.hadoop is not None:
+            return any(self.hadoop.names(f"{base}/{key}") for key in self.hadoop.names(base))
+        return any(p.is_file() for p in (self.root / base).rglob("*.json"))
+
+    def _record_layout(self, layout: Mapping[str, Any] | None = None) -> None:
+        """Write the layout record (``layout``, default: this run's), unless the target has
+        one already (then that one holds: :meth:`pre_commit` checks this run against it)."""
+        have = self._read_json(LAYOUT_REL)
+        if have is None:
+            have = {k: (layout or layout_of(self.opts))[k] for k in LAYOUT_KEYS}
+            self._write_json(LAYOUT_REL, {**have, "version": 1})
+        self._layout = {k: have.get(k) for k in LAYOUT_KEYS}
 
     def target_id(self) -> str:
         return f"file:{self.opts.sink_path}"
@@ -1003,11 +1182,13 @@ class FileCoordinator(
 
     # -- the protocol ----------------------------------------------------------------------
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
+        # A layout recorded since init (an older run's epoch recovered at this start).
+        check_layout(self.opts, self._layout, self._layout_where())
         staged = [f for r in results for f in r["files"]]
         if self.s3 is None and self.opts.local_path is not None:
             self._check_staged(epoch, staged)
         if self.opts.rolling:
-            c = self.roller.prepare(epoch, staged)
+            c = {**self.roller.prepare(epoch, staged), "layout": layout_of(self.opts)}
             held_rows, held_bytes = self.roller.held(c["state"])
             return Prepared(
                 c,
@@ -1021,7 +1202,9 @@ class FileCoordinator(
             for f in files:
                 f["start_epoch"] = f["end_epoch"] = epoch
             return Prepared(
-                {"files": files}, files=len(files), bytes=sum(int(f["bytes"]) for f in files)
+                {"files": files, "layout": layout_of(self.opts)},
+                files=len(files),
+                bytes=sum(int(f["bytes"]) for f in files),
             )
         token = uuid.uuid4().hex[:12]
         files = []
@@ -1041,12 +1224,14 @@ class FileCoordinator(
                 }
             )
         return Prepared(
-            {"files": files, "token": token},
+            {"files": files, "token": token, "layout": layout_of(self.opts)},
             files=len(files),
             bytes=sum(int(f["bytes"]) for f in files),
         )
 
     def commit(self, epoch: int, committable: dict[str, Any]) -> None:
+        if self._layout is None:  # the target's first commit records its layout: the
+            self._record_layout(committable.get("layout"))  # one its files were staged in
         if epoch > self._last_epoch():
             # Before anything is visible: the marker never says less than the target holds.
             self._store_marker({**(self._marker or {}), "last_epoch": epoch})
@@ -1438,6 +1623,16 @@ def committed_files(
 
 
 def validate_schema(opts: FileSinkOptions, schema: pa.Schema) -> None:
+    """Check the DataFrame's columns against the options, then the target: an ``s3://``
+    bucket reachable with the credentials, and the layout the target records
+    (:func:`check_layout`). Runs on the driver before the meta store is opened."""
+    _validate_columns(opts, schema)
+    got = read_layout(opts)
+    if got is not None:
+        check_layout(opts, got[0], got[1])
+
+
+def _validate_columns(opts: FileSinkOptions, schema: pa.Schema) -> None:
     seen: dict[str, str] = {}
     for name in schema.names:
         # Case-insensitive, like Spark's own file writers: readers could not tell them apart.
