@@ -292,7 +292,7 @@ class KafkaCoordinator(
                 "some rows have a null topic and the sink has no topic option (every record "
                 "needs one: fix the topic column, or filter those rows)"
             )
-        existing = self.admin.topics()
+        existing = self.admin.partitions()
         missing = sorted(t for t in targets if t is not None and t not in existing)
         if missing:
             problems.append(
@@ -303,7 +303,7 @@ class KafkaCoordinator(
         beyond = sorted(
             f"{t!r} (partition {n}; it has {existing[t]})"
             for t, n in targets.items()
-            if t is not None and t in existing and n >= existing[t]
+            if t is not None and existing.get(t, 0) > 0 and n >= existing[t]
         )
         if beyond:
             problems.append(

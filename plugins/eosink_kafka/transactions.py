@@ -117,6 +117,7 @@ def check_producer_config(opts: KafkaSinkOptions) -> None:
     setting would otherwise fail every commit (with librdkafka's raw error).
     """
     conf = opts.producer_settings("eosink-config-check")
+    del conf["bootstrap.servers"]  # validated without connecting to anything
     reason = _config_refused(conf)
     if reason is None:
         return
@@ -168,6 +169,15 @@ class Admin:
     def topics(self) -> dict[str, int]:
         md = self._metadata()
         return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
+
+    def partitions(self) -> dict[str, int]:
+        """The partition count of every topic the cluster reports: also of one with a
+        transient error (no leader yet), whose count may then be 0 (unknown)."""
+        out: dict[str, int] = {}
+        for name, t in self._metadata().topics.items():
+            if t.error is None or t.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                out[name] = len(t.partitions)
+        return out
 
     def check_topic(self, topic: str) -> None:
         if topic not in self.topics():
