@@ -92,7 +92,7 @@ def plugin_manager() -> pluggy.PluginManager:
 
     Entry points are loaded one by one: a plugin whose module fails to import is reported
     once (a warning naming it and its package), listed as broken by ``eosink plugins``, and
-    never stops the other sinks (:func:`broken_plugins`).
+    never stops the other sinks (``broken_plugins()`` lists it).
     """
     from importlib import metadata
 
