@@ -434,6 +434,10 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
     if condition == "STREAM_FAILED":
         cause = getattr(exc, "_cause", None)
         err = _eosink_error_of(cause) if cause is not None else None
+        if err is None:  # a Spark Connect client's exception: the cause is text only
+            from ._stream import eosink_error_of_stream
+
+            err = eosink_error_of_stream(exc)
         where = f"the streaming query id={params.get('id')} runId={params.get('runId')} stopped"
     else:
         err = _eosink_error_in(str(params.get("msg", "")))
