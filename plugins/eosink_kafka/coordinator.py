@@ -292,7 +292,20 @@ class KafkaCoordinator(
                 "some rows have a null topic and the sink has no topic option (every record "
                 "needs one: fix the topic column, or filter those rows)"
             )
-        existing = self.admin.partitions()
+        try:
+            existing = self.admin.partitions()
+        except SinkError as exc:
+            # A broker outage: the commit waits it out (retried while transient); the
+            # topics are then not checked beforehand.
+            log.warning("kafka sink %s epoch %d: topics not checked: %s", self.sink_id, epoch, exc)
+            existing = None
+        if existing is None:
+            if None in targets:
+                self.abort(epoch, None)
+                raise SinkError(
+                    f"kafka sink {self.sink_id} epoch {epoch} cannot be published: " + problems[0]
+                )
+            return
         missing = sorted(t for t in targets if t is not None and t not in existing)
         if missing:
             problems.append(
