@@ -8,9 +8,11 @@ port, in a session of its own (``start_new_session``): its Python workers (pyspa
 ``daemon.py``, which moves to a process group of its own, and Spark Connect's ``foreachBatch``
 worker) stay in that session, so :meth:`ConnectServer.kill` finds every process the server
 started by its session id. The JVM gets SIGKILL when the process that started it dies
-(``PR_SET_PDEATHSIG``) and at interpreter exit (``atexit``), so a pytest killed hard leaves no
-server behind. The server's Python workers run this interpreter (``PYSPARK_PYTHON``): they
-import eosink from the tests' environment, as the classic tests' executors do.
+(``PR_SET_PDEATHSIG``) and at interpreter exit (``atexit``), and a watchdog process kills the
+rest of the session then (Spark Connect's ``foreachBatch`` worker outlives its JVM for
+minutes otherwise), so a pytest killed hard leaves nothing behind. The server's Python
+workers run this interpreter (``PYSPARK_PYTHON``): they import eosink from the tests'
+environment, as the classic tests' executors do.
 
 Spark Connect clients never run in the pytest process: creating a remote session switches
 pyspark to Connect mode process-wide (the classic sessions the rest of the suite shares would
@@ -73,6 +75,24 @@ def _session_members(sid: int) -> list[int]:
     return out
 
 
+def _kill_session(sid: int, leader: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL every process of session ``sid`` (and reap ``leader``, its first process)
+    until none is left."""
+    for _ in range(50):
+        members = _session_members(sid)
+        if not members and (leader is None or leader.poll() is not None):
+            return
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if leader is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                leader.wait(timeout=0.1)
+        else:
+            time.sleep(0.1)
+    raise ServerError(f"session {sid}: processes {_session_members(sid)} survive SIGKILL")
+
+
 def _die_with_parent() -> None:
     """``preexec_fn``: SIGKILL when the starting process dies (Linux ``PR_SET_PDEATHSIG``;
     kept across ``exec``, so the JVM that ``spark-submit`` execs has it)."""
@@ -80,6 +100,39 @@ def _die_with_parent() -> None:
 
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
 
+
+# Watches the process that started a server: once it is gone (a pytest killed hard), kills
+# every process of the server's session. PR_SET_PDEATHSIG covers the JVM alone, and Spark
+# Connect's foreachBatch worker outlives its JVM for minutes (its Connect client retries the
+# lost server). Exits when the session is empty (the server was killed or stopped).
+_WATCHDOG = """
+import os, signal, sys, time
+parent, sid = int(sys.argv[1]), int(sys.argv[2])
+def members():
+    out = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(name))
+    return out
+while members():
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        for _ in range(10):
+            for pid in members():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+        break
+    time.sleep(1)
+"""
 
 _LIVE: set[ConnectServer] = set()
 
@@ -125,6 +178,8 @@ class ConnectServer:
         self.url = f"sc://127.0.0.1:{self.port}"
         self.log = self.root / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
+        self._orphans: list[tuple[int, subprocess.Popen[bytes] | None]] = []
         self.starts = 0
         if start:
             self.start(timeout)
@@ -203,6 +258,12 @@ class ConnectServer:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self.proc.pid)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         _LIVE.add(self)
         try:
             self.wait_ready(timeout)
@@ -264,22 +325,45 @@ class ConnectServer:
 
     def kill(self) -> None:
         """SIGKILL the JVM and every process of its session, at once (a machine losing its
-        driver); returns when none is left."""
-        if self.proc is None:
-            return
-        sid = self.proc.pid
-        for _ in range(50):
-            members = _session_members(sid)
-            if not members and self.proc.poll() is not None:
-                break
-            for pid in members:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=0.1)
-        else:
-            raise ServerError(f"{self}: processes {_session_members(sid)} survive SIGKILL")
+        driver), and any orphans :meth:`kill_jvm` left; returns when none is left."""
+        if self.proc is not None:
+            _kill_session(self.proc.pid, self.proc)
+            self._end_watchdog(self._watchdog)
+            self._watchdog = None
+        self.kill_orphans()
         _LIVE.discard(self)
+
+    def kill_jvm(self) -> list[int]:
+        """SIGKILL the server's JVM alone (as the kernel's OOM killer would): the Python
+        workers it started live on, orphaned, until they notice (Spark Connect's
+        foreachBatch worker: minutes, its Connect client retrying the lost server, which may
+        be back on the same port by then). Returns their pids; :meth:`kill_orphans` ends
+        them (:meth:`kill` and :meth:`stop` too)."""
+        assert self.proc is not None
+        sid = self.proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(sid, signal.SIGKILL)
+        self.proc.wait()
+        self._orphans.append((sid, self._watchdog))
+        self._watchdog = None
+        return _session_members(sid)
+
+    def orphans(self) -> list[int]:
+        """The live processes of the sessions of JVMs that :meth:`kill_jvm` killed."""
+        return [pid for sid, _ in self._orphans for pid in _session_members(sid)]
+
+    def kill_orphans(self) -> None:
+        while self._orphans:
+            sid, watchdog = self._orphans.pop()
+            _kill_session(sid, None)
+            self._end_watchdog(watchdog)
+
+    @staticmethod
+    def _end_watchdog(watchdog: subprocess.Popen[bytes] | None) -> None:
+        if watchdog is not None:  # nothing left to watch
+            with contextlib.suppress(ProcessLookupError):
+                watchdog.kill()
+            watchdog.wait()
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then :meth:`kill` whatever is left after 20 s)."""
@@ -540,6 +624,18 @@ class ConnectJob(Job):
             log.close()
         proc.log = Path(log.name)  # type: ignore[attr-defined]
         return proc
+
+    def wait_started(self, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
+        """Return once the client started its stream (its ``STARTED`` line): over Spark
+        Connect, an ``eosink.run`` stream's start returns once the server's foreachBatch
+        worker is up. Tests start the next client only then: a worker has 10 s to start
+        (see tests/connect_job.py), better not spent competing with another one."""
+        log: Path = proc.log  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        while "\nSTARTED " not in "\n" + log.read_text(errors="replace"):
+            assert proc.poll() is None, f"the client ended ({proc.returncode}):\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"no stream started in {timeout:.0f} s"
+            time.sleep(0.1)
 
     def wait_in_protocol(self, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
         """Return once the client's stream persisted its first PENDING epoch."""

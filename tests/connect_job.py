@@ -206,18 +206,20 @@ def _progress(p: Any) -> dict[str, Any]:
 # it starts without the daemon to connect back: Spark Connect's foreachBatch worker, which
 # imports pyspark's Connect client first. On a loaded 2-core machine that can take longer,
 # and the stream's start fails. A user would start the query again; so does this client
-# (twice at most, each retry printed as RETRY), and the test goes on.
+# (4 times at most, each retry printed as RETRY), and the test goes on.
 _NO_WORKER = "Python worker failed to connect back"
+_RETRIES = 4
 
 
 def start_step(spark: Any, step: dict[str, Any], i: int) -> Finish:
-    for retry in range(3):
+    for retry in range(_RETRIES + 1):
         try:
             return run_step(spark, step)
         except Exception as exc:
-            if _NO_WORKER not in str(exc) or retry == 2:
+            if _NO_WORKER not in str(exc) or retry == _RETRIES:
                 raise
             print(f"RETRY {i} {_NO_WORKER}", flush=True)
+            time.sleep(2)
     raise AssertionError("unreachable")
 
 
