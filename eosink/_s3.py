@@ -99,9 +99,22 @@ def s3_client(
 def _client(
     endpoint: str | None, region: str | None, key: str | None, secret: str | None, token: str | None
 ) -> Any:
+    return new_s3_client(
+        (endpoint, region, key, secret, token),
+        retries={"max_attempts": 5, "mode": "standard"},
+        max_pool_connections=32,
+    )
+
+
+def new_s3_client(
+    args: tuple[str | None, str | None, str | None, str | None, str | None], **config: Any
+) -> Any:
+    """A new (uncached) boto3 S3 client for ``(endpoint, region, key, secret, token)`` with
+    botocore ``Config(**config)``; boto3 must be importable (see :func:`s3_client`)."""
     import boto3
     from botocore.config import Config
 
+    endpoint, region, key, secret, token = args
     return boto3.client(
         "s3",
         endpoint_url=endpoint,
@@ -109,7 +122,7 @@ def _client(
         aws_access_key_id=key,
         aws_secret_access_key=secret,
         aws_session_token=token,
-        config=Config(retries={"max_attempts": 5, "mode": "standard"}, max_pool_connections=32),
+        config=Config(**config),
     )
 
 

@@ -563,17 +563,7 @@ class ConnectJob(Job):
         if sink == "file":
             opts.update(path=str(self.out), format=self.extra.get("format", "parquet"))
         elif sink == "iceberg":
-            opts["table"] = "db.events"
-            if self.extra.get("catalog_json"):
-                opts["catalog"] = json.loads(self.extra["catalog_json"])
-            elif self.extra.get("catalog_uri"):
-                opts["catalog"] = {
-                    "type": "sql",
-                    "uri": self.extra["catalog_uri"],
-                    "warehouse": f"file://{self.out}",
-                }
-            else:
-                opts["warehouse"] = str(self.out)
+            opts.update(self.iceberg_raw_options())
         if self.extra.get("partition_by"):
             opts["partition_by"] = self.extra["partition_by"].split(",")
         opts.update(self.sink_options)

@@ -354,6 +354,10 @@ class Job:
         """The iceberg sink options this job uses (to read the table independently)."""
         import eosink
 
+        return eosink.get_sink("iceberg").parse_options(self.iceberg_raw_options())
+
+    def iceberg_raw_options(self) -> dict[str, Any]:
+        """The iceberg sink's options of this job, as keyword arguments (table, catalog)."""
         opts: dict[str, Any] = {"table": "db.events"}
         if self.extra.get("catalog_json"):
             opts["catalog"] = json.loads(self.extra["catalog_json"])
@@ -365,7 +369,7 @@ class Job:
             }
         else:
             opts["warehouse"] = str(self.out)
-        return eosink.get_sink("iceberg").parse_options(opts)
+        return opts
 
     def last_log(self) -> str:
         return self.logs[-1][-6000:] if self.logs else ""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from eosink import ConfigError, MissingExtraError, SinkError
 from eosink._s3 import local_tmp_dir as local_tmp_dir
-from eosink._s3 import s3_client, split_s3
+from eosink._s3 import new_s3_client, s3_client, split_s3
 
 if TYPE_CHECKING:
     from .plugin import FileSinkOptions
@@ -79,23 +79,14 @@ class S3Store:
         """A fresh client with short timeouts and few attempts, for the start-up probe: a
         refused or silent endpoint fails in seconds, not after minutes of retries."""
         try:
-            import boto3
-            from botocore.config import Config
+            import boto3  # noqa: F401
         except ImportError as exc:  # pragma: no cover - exercised without the extra
             raise MissingExtraError("boto3", "s3", "the file sink on s3://") from exc
-        endpoint, region, key, secret, token = self._args
-        return boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name=region,
-            aws_access_key_id=key,
-            aws_secret_access_key=secret,
-            aws_session_token=token,
-            config=Config(
-                connect_timeout=PROBE_CONNECT_TIMEOUT,
-                read_timeout=PROBE_READ_TIMEOUT,
-                retries={"max_attempts": PROBE_ATTEMPTS, "mode": "standard"},
-            ),
+        return new_s3_client(
+            self._args,
+            connect_timeout=PROBE_CONNECT_TIMEOUT,
+            read_timeout=PROBE_READ_TIMEOUT,
+            retries={"max_attempts": PROBE_ATTEMPTS, "mode": "standard"},
         )
 
     def check_bucket(self, read: str | None = None) -> bytes | None:
