@@ -444,6 +444,9 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
         where = f'raised in Spark by format("eosink"), {params.get("action")} {params.get("type")}'
     if err is not None:
         _note(err, f"({where}: {condition})")
+        # pyspark raises the converted error ``from None``: keep Spark's own for the callers
+        # that re-raise it with its cause (StreamingHandle.await_termination).
+        err._spark_error = exc  # type: ignore[attr-defined]
     return err
 
 
@@ -485,4 +488,5 @@ def _wrap(module: Any, name: str) -> None:
             return converted
 
     convert_exception.__eosink__ = True  # type: ignore[attr-defined]
+    convert_exception.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(module, name, convert_exception)

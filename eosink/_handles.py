@@ -158,7 +158,7 @@ class StreamingHandle:
                 live.committer.raise_if_failed()
             err = eosink_error_of_stream(exc)
             if err is not None:
-                raise err from exc
+                raise err from _spark_error(err, exc)
             raise
         if done:
             self._finish()
@@ -174,7 +174,7 @@ class StreamingHandle:
         except Exception as exc:
             err = eosink_error_of_stream(exc)
             if err is not None:
-                raise err from exc
+                raise err from _spark_error(err, exc)
             raise
         live = self._batches.live
         if live is None:
@@ -187,6 +187,14 @@ class StreamingHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _spark_error(err: BaseException, exc: BaseException) -> BaseException | None:
+    """Spark's exception behind ``err``: ``exc``, or, when pyspark's error conversion (wrapped
+    by ``register_datasource``) already raised the eosink error itself, the one it replaced."""
+    if err is not exc:
+        return exc
+    return getattr(err, "_spark_error", None) or err.__cause__
 
 
 def _still_running(query: StreamingQuery) -> bool:

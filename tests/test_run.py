@@ -421,10 +421,24 @@ def test_disk_full_on_staging(spark, tmp_path: Path) -> None:
         subprocess.run(["umount", "-l", str(out)], check=False)
 
 
-def test_stream_stopped_by_an_eosink_error_raises_it(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("conversion", ["installed", "not installed"])
+def test_stream_stopped_by_an_eosink_error_raises_it(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, conversion: str
+) -> None:
     """A stream whose micro-batch raised an eosink error (here: a batch run of the same sink
     took the stream's next epoch meanwhile) raises that error from await_termination, not
-    Spark's wrapper (which is its cause); a restart finishes the stream exactly once."""
+    Spark's wrapper (which is its cause); a restart finishes the stream exactly once. The
+    same whether or not ``register_datasource`` wrapped pyspark's error conversion in this
+    process before (it converts the error itself then)."""
+    from pyspark.errors.exceptions import captured
+
+    from eosink._datasource import _install_error_conversion
+
+    _install_error_conversion()
+    if conversion == "not installed":
+        monkeypatch.setattr(
+            captured, "convert_exception", captured.convert_exception.__wrapped__
+        )
     inp, expected = _stream_input(tmp_path, files=2)
     out, chk = tmp_path / "out", tmp_path / "chk"
     url = f"sqlite:///{tmp_path / 'm.db'}"
