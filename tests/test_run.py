@@ -436,9 +436,7 @@ def test_stream_stopped_by_an_eosink_error_raises_it(
 
     _install_error_conversion()
     if conversion == "not installed":
-        monkeypatch.setattr(
-            captured, "convert_exception", captured.convert_exception.__wrapped__
-        )
+        monkeypatch.setattr(captured, "convert_exception", captured.convert_exception.__wrapped__)
     inp, expected = _stream_input(tmp_path, files=2)
     out, chk = tmp_path / "out", tmp_path / "chk"
     url = f"sqlite:///{tmp_path / 'm.db'}"
