@@ -656,9 +656,24 @@ class SinkRuntime:
                 "start from a new checkpoint_location with new_checkpoint='continue'"
             )
 
-    def rebase_stream(self, ckpt: Any, base: int) -> int:
+    def resume_stream(self, base: int, batch_id: int) -> None:
+        """At a stream's first micro-batch (``batch_id``, the batch Spark re-runs or runs
+        next): the recovery :meth:`recover` held at the start (``hold=True``), now that Spark
+        has fixed which batches are checkpointed. The journal's entries of the epochs below
+        ``base + batch_id`` that the store lacks are imported (rule 9; an older driver may
+        have got Spark to checkpoint one after this driver started), they are committed (rule
+        1), and the stream's epochs from ``base + batch_id`` on are aborted (rules 2 and 4).
+        """
+        first = base + batch_id
+        if self.journal is not None:
+            self._import_journal(first - 1)
+            self._check_checkpointed(self.journal.ckpt, base, first - 1)
+        self.recover(first_epoch=first)
+
+    def rebase_stream(self, ckpt: Any, base: int, *, held: bool = False) -> int:
         """After recovery: move the stream's base above epochs other runs used meanwhile
-        (rule 8).
+        (rule 8). ``held``: the recovery held the stream's PENDING epochs from the first
+        batch not checkpointed on (``recover(hold=True)``); they are aborted if the base moves.
 
         Other runs' epochs are the store's rows of another origin, and the epochs the store
         knows only from the target's marker (:attr:`adopted_last`) beyond what this query
@@ -667,13 +682,19 @@ class SinkRuntime:
         last_batch = ckpt.last_committed_batch()
         nxt = 0 if last_batch is None else last_batch + 1
         rows = self.store.epochs(self.sink_id)
-        if any(r.origin in (None, self.lineage) and r.epoch >= base + nxt for r in rows):
+        own_ahead = [r for r in rows if r.origin in (None, self.lineage) and r.epoch >= base + nxt]
+        held_ahead = [r for r in own_ahead if held and r.status == PENDING]
+        if len(own_ahead) > len(held_ahead):
             return base  # this query's own epochs ahead (inline commit before the checkpoint)
         top = max((r.epoch for r in rows if r.origin not in (None, self.lineage)), default=-1)
         if self.adopted_last is not None:
             top = max(top, self.adopted_last)
         if top < base + nxt:
             return base
+        if held_ahead:
+            # PENDING epochs held for the first micro-batch (recover(hold=True)) would land
+            # below the new base, where they would count as checkpointed: abort them now.
+            self.recover(first_epoch=base + nxt)
         new_base = top + 1 - nxt
         log.warning(
             "sink %s: epochs up to %d were written by other runs while this query was stopped; "
@@ -714,7 +735,13 @@ class SinkRuntime:
             log.exception("sink %s: coordinator close failed", self.sink_id)
 
     # -- recovery ------------------------------------------------------------------------
-    def recover(self, first_epoch: int, keep_staged: frozenset[int] = frozenset()) -> None:
+    def recover(
+        self,
+        first_epoch: int,
+        keep_staged: frozenset[int] = frozenset(),
+        *,
+        hold: bool = False,
+    ) -> None:
         """Apply the recovery rules (docs/concepts.md) before epoch ``first_epoch`` is
         pre-committed.
 
@@ -726,11 +753,25 @@ class SinkRuntime:
         whatever epoch this run writes (a backfill below it must not abort it). Then finish
         every ABORTED epoch (rule 3) and discard data staged for epochs that have no
         committable (rule 4; except ``keep_staged``: epochs being written right now).
+
+        ``hold``: a stream's start, before Spark fixed the batch it runs first. The stream's
+        epochs at or above ``first_epoch`` are left alone (rules 2 and 4 for them wait for
+        :meth:`resume_stream` at the first micro-batch): an older driver of the query, fenced
+        but not yet stopped, may still get Spark to checkpoint one of them, and its data must
+        then still be there.
         """
         t0 = time.perf_counter()
         pending = self.store.epochs(self.sink_id, (PENDING,))
         for rec in pending:
             own = self.lineage not in BATCH_ORIGINS and rec.origin in (None, self.lineage)
+            if hold and own and rec.epoch >= first_epoch:
+                log.info(
+                    "sink %s: epoch %d is PENDING and not checkpointed; decided at the first "
+                    "micro-batch",
+                    self.sink_id,
+                    rec.epoch,
+                )
+                continue
             if rec.epoch < first_epoch or not own:
                 log.info(
                     "sink %s: recovery commits %s epoch %d",
@@ -752,6 +793,8 @@ class SinkRuntime:
         if isinstance(self.coordinator, StagedEpochs):
             live = {r.epoch for r in self.store.epochs(self.sink_id, (PENDING,))} | keep_staged
             for e in sorted(set(self.coordinator.staged_epochs()) - live):
+                if hold and e >= first_epoch:
+                    continue  # decided at the first micro-batch (resume_stream)
                 if self.is_committed(e):
                     continue  # visible data: never offered to abort
                 log.info("sink %s: discarding data staged for epoch %d", self.sink_id, e)

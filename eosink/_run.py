@@ -25,6 +25,7 @@ from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import spark_master
 from ._stream import Roller, StreamBatches, StreamSettings, _Live, write_or_discard
 from .errors import ConfigError
+from .faults import fault_point
 from .registry import get_sink
 
 if TYPE_CHECKING:
@@ -196,8 +197,10 @@ def _start_stream(
     first = base + (0 if last is None else last + 1)
     # Inline mode may have crashed in the middle of a commit: every PENDING epoch holds
     # complete data, so finish them all; the replayed batch is then skipped (rule 5).
-    runtime.recover(first_epoch=sys.maxsize if inline else first)
-    base = runtime.rebase_stream(ckpt, base)
+    # Otherwise the epochs from `first` on are decided at the first micro-batch
+    # (StreamBatches -> SinkRuntime.resume_stream), once Spark fixed its first batch.
+    runtime.recover(first_epoch=sys.maxsize if inline else first, hold=not inline)
+    base = runtime.rebase_stream(ckpt, base, held=not inline)
     first = base + (0 if last is None else last + 1)
     sid = runtime.sink_id
     settings = StreamSettings(
@@ -219,6 +222,7 @@ def _start_stream(
         writer = writer.trigger(**trigger)
     if query_name:
         writer = writer.queryName(query_name)
+    fault_point("stream_before_start")
     try:
         query = writer.start()
     except BaseException:

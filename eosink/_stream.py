@@ -143,6 +143,8 @@ class _Live:
     committer: AsyncCommitter | None
     figures: list[EpochFigures]
     roller: Roller | None = None
+    resumed: bool = False
+    """Whether the held recovery ran (:meth:`SinkRuntime.resume_stream`, first micro-batch)."""
 
 
 class Roller:
@@ -232,6 +234,9 @@ class StreamBatches:
             committer.wake()
         runtime = live.runtime
         sid = runtime.sink_id
+        if not live.resumed and not self.settings.inline:
+            runtime.resume_stream(self.settings.epoch_base, batch_id)
+            live.resumed = True
         ep = runtime.stream_epoch(self.settings.epoch_base + batch_id)
         if ep.recovered:
             return

@@ -20,6 +20,8 @@ recovery_before_abort  recovery marked an epoch ABORTED; the plugin's abort not 
 recovery_before_finish_abort  the plugin's abort is done; the ABORTED row not deleted
 after_lineage_written  a fresh checkpoint's lineage file is written, the meta store
                        does not know it yet
+stream_before_start    ``eosink.run``'s stream is set up (recovery held for the first
+                       micro-batch); Spark's query not started
 =====================  =============================================================
 
 Points of sinks whose files span epochs (the file sink's rolling options):
@@ -88,6 +90,7 @@ DRIVER_FAULT_POINTS = (
     "recovery_before_abort",
     "recovery_before_finish_abort",
     "after_lineage_written",
+    "stream_before_start",
     "roll_after_part",
     "roll_mid_merge",
     "roll_before_publish",

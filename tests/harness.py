@@ -166,6 +166,25 @@ class Job:
         self.logs.append(log.read_text())
         return code
 
+    def spawn(
+        self, name: str, fault: str | None = None, stop: bool = False
+    ) -> subprocess.Popen[bytes]:
+        """Start a driver and return at once (the caller waits and kills; its log is
+        ``tmp/run-<name>.log``). ``stop``: armed fault points SIGSTOP the driver instead of
+        killing it (a zombie, resumed with SIGCONT to its process group)."""
+        env = self._env(fault)
+        if stop:
+            env["EOSINK_FAULT_SIGNAL"] = "STOP"
+        with open(self.tmp / f"run-{name}.log", "w") as fh:
+            return subprocess.Popen(
+                self.argv(),
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=None if self.machine is None else self.machine / "work",
+            )
+
     def _env(self, fault: str | None) -> dict[str, str]:
         env = dict(os.environ)
         env.pop("EOSINK_FAULT", None)

@@ -16,8 +16,12 @@ each other through the checkpoint's journal, whatever meta store each has.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import signal
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +193,59 @@ def test_two_drivers_on_two_machines(tmp_path: Path) -> None:
     assert re.search(r"FencedError.*checkpoint generation", log_a), (log_a[-3000:], log_b[-3000:])
     job.on_machine("c")
     assert job.run() == 0, job.last_log()
+    check_files(job, expected, partitioned=False)
+
+
+def _wait_stopped(proc: subprocess.Popen[bytes], marks: Path, point: str) -> None:
+    """Wait until the driver stopped itself (SIGSTOP) at fault point ``point``."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the driver ended before {point}"
+        if list(marks.glob(f"{point}.*")):
+            stat = Path(f"/proc/{proc.pid}/stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"the driver did not reach {point}")
+
+
+def test_zombie_checkpoints_its_epoch_after_the_new_driver_started(tmp_path: Path) -> None:
+    """Driver A (machine a) stalls inside the protocol: its epoch 0 is staged and PENDING,
+    Spark has not checkpointed it. Driver B (machine b) starts and sets the stream up
+    (checkpoint read: no batch done); before B's query starts, A wakes up and its Spark
+    checkpoints batch 0 (A is fenced and fails at its commit). B's query then starts at batch
+    1: B must take epoch 0 from the journal and commit it, its data intact (B's start must not
+    have deleted it as "staged without a committable"); every row once."""
+    job = Job(tmp_path, "stream", "default")
+    expected = make_input(job.input, files=3, rows=25)
+    job.on_machine("a")
+    a = job.spawn("a", fault="after_persist", stop=True)
+    b = a
+    try:
+        _wait_stopped(a, job.marks, "after_persist")
+        job.on_machine("b")
+        b = job.spawn("b", fault="stream_before_start", stop=True)
+        _wait_stopped(b, job.marks, "stream_before_start")
+        assert not (job.checkpoint / "commits" / "0").exists()
+        os.killpg(a.pid, signal.SIGCONT)
+        code_a = a.wait(timeout=300)
+        log_a = (tmp_path / "run-a.log").read_text()
+        assert code_a != 0, log_a[-3000:]
+        assert re.search(r"FencedError.*checkpoint generation", log_a), log_a[-3000:]
+        assert (job.checkpoint / "commits" / "0").exists(), log_a[-3000:]
+        os.killpg(b.pid, signal.SIGCONT)
+        code_b = b.wait(timeout=300)
+        log_b = (tmp_path / "run-b.log").read_text()
+        assert code_b == 0, log_b[-3000:]
+    finally:
+        for p in (a, b):
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
+    assert "epoch 0: PENDING in the checkpoint's journal" in log_b, log_b[-3000:]
+    job.logs += [log_a, log_b]
     check_files(job, expected, partitioned=False)
 
 
