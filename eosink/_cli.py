@@ -1,11 +1,15 @@
-"""The ``eosink`` command: demo, status, plugins, db upgrade."""
+"""The ``eosink`` command: demo, status, abandon, plugins, db upgrade."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
+import os
+import socket
 import sys
+from datetime import datetime
 from typing import Any
 
 from .errors import EosinkError, MetaStoreError, MetaStoreUnavailableError
@@ -172,15 +176,22 @@ def cmd_status(args: argparse.Namespace) -> int:
         for s in store.sinks():
             if args.sink_id and s.sink_id != args.sink_id:
                 continue
-            pending = [e.epoch for e in store.epochs(s.sink_id, (PENDING,))]
+            pending_rows = store.epochs(s.sink_id, (PENDING,))
+            pending = [e.epoch for e in pending_rows]
             aborted = [e.epoch for e in store.epochs(s.sink_id, (ABORTED,))]
             recent = store.epochs(s.sink_id, (COMMITTED,), limit=args.recent)
+            losses = store.losses(s.sink_id)
             out.append(
                 {
                     "sink_id": s.sink_id,
                     "plugin": s.plugin,
                     "generation": s.generation,
                     "owner": s.owner,
+                    "owner_alive": owner_alive(s.owner),
+                    "created_at": _iso(s.created_at),
+                    "updated_at": _iso(s.updated_at),
+                    "last_error": s.last_error,
+                    "last_error_at": _iso(s.last_error_at),
                     "target": s.target,
                     "stream_lineage": s.lineage,
                     "stream_epoch_base": s.epoch_base if s.lineage else None,
@@ -188,11 +199,37 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "last_committed_epoch": s.high_water if s.high_water >= 0 else None,
                     "committed_epochs": s.committed_epochs,
                     "pending_epochs": pending,
+                    "pending": [
+                        {
+                            "epoch": r.epoch,
+                            "run": r.origin,
+                            "rows": r.rows,
+                            "files": r.files,
+                            "pending_since": _iso(r.created_at),
+                        }
+                        for r in pending_rows
+                    ],
                     "aborted_epochs": aborted,
+                    "losses": [
+                        {
+                            "epoch": x.epoch,
+                            "run": x.origin,
+                            "rows": x.rows,
+                            "files": x.files,
+                            "bytes": x.bytes,
+                            "reason": x.reason,
+                            "recorded_by": x.recorded_by,
+                            "recorded_at": _iso(x.recorded_at),
+                            "written_again": again is not None and again.status == COMMITTED,
+                        }
+                        for x in losses
+                        for again in [store.epoch(s.sink_id, x.epoch)]
+                    ],
                     "recent_commits": [
                         {
                             "epoch": r.epoch,
                             "run": r.origin,
+                            "committed_at": _iso(r.committed_at),
                             "rows": r.rows,
                             "files": r.files,
                             "pre_commit_ms": round(r.pre_commit_ms or 0.0, 2),
@@ -221,11 +258,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not out:
         print("no sinks recorded yet")
     for s in out:
+        alive = {True: ": running", False: ": not running", None: ""}[s["owner_alive"]]
         print(
             f"\nsink {s['sink_id']} (plugin {s['plugin']}, generation {s['generation']}, "
-            f"owner {s['owner']})"
+            f"owner {s['owner']}{alive})"
         )
         print(f"  target: {s['target'] or 'not recorded (written before eosink 0.1)'}")
+        print(f"  created: {s['created_at']}  last change: {s['updated_at']}")
+        if s["last_error"]:
+            print(f"  last error ({s['last_error_at']}): {_one_line(s['last_error'])[:500]}")
         if s["stream_lineage"]:
             print(
                 f"  current stream: lineage {s['stream_lineage']}, epochs = "
@@ -243,6 +284,22 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(
             f"  pending: {s['pending_epochs'] or 'none'}  aborted: {s['aborted_epochs'] or 'none'}"
         )
+        for r in s["pending"]:
+            print(
+                f"    epoch {r['epoch']} PENDING since {r['pending_since']} "
+                f"({r['rows']} rows, {r['files']} files, {_run_label(r['run'])})"
+            )
+        for x in s["losses"]:
+            print(
+                f"  KNOWN LOSS: epoch {x['epoch']} ({x['rows']} rows, {x['files']} files, "
+                f"{_run_label(x['run'])}) abandoned {x['recorded_at']} by {x['recorded_by']}: "
+                f"{x['reason']}"
+                + (
+                    " (the epoch was written again by a later run since)"
+                    if x["written_again"]
+                    else ""
+                )
+            )
         if s["recent_commits"]:
             rows = [
                 [
@@ -263,6 +320,80 @@ def cmd_status(args: argparse.Namespace) -> int:
                     ["epoch", "run", "rows", "files", "pre_commit_ms", "commit_ms", "lag_s"],
                 ).replace("\n", "\n  ")
             )
+    return 0
+
+
+def _iso(t: float | None) -> str | None:
+    """A Unix time as local ISO 8601 with its offset (None stays None)."""
+    if not t:
+        return None
+    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+
+
+def owner_alive(owner: str) -> bool | None:
+    """Whether the coordinator ``host:pid`` that last acquired a sink still runs: None when
+    it is on another host (this machine cannot tell) or not a process (``eosink abandon``)."""
+    host, _, pid = owner.rpartition(":")
+    if not host or not pid.isdigit():
+        return None
+    if host != socket.gethostname():
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def cmd_abandon(args: argparse.Namespace) -> int:
+    from ._metastore import ABORTED, PENDING
+
+    store = _store(args.metastore_url)
+    try:
+        sink = store.sink(args.sink_id)
+        if sink is None:
+            print(
+                f"eosink abandon: meta store {store.url_redacted} has no sink {args.sink_id!r}",
+                file=sys.stderr,
+            )
+            return 1
+        rec = store.epoch(args.sink_id, args.epoch)
+        if rec is None or rec.status not in (PENDING, ABORTED):
+            state = "unknown to this meta store" if rec is None else rec.status
+            print(
+                f"eosink abandon: sink {args.sink_id!r} epoch {args.epoch} is {state}; only a "
+                "PENDING epoch (see `eosink status`) can be abandoned",
+                file=sys.stderr,
+            )
+            return 1
+        what = f"epoch {args.epoch} of sink {args.sink_id!r} ({rec.rows} rows, {rec.files} files)"
+        if owner_alive(sink.owner):
+            print(
+                f"eosink abandon: the sink's coordinator {sink.owner} is running on this "
+                "machine: stop that job first (abandoning fences it)",
+                file=sys.stderr,
+            )
+            return 2
+        if not args.accept_data_loss:
+            print(
+                f"eosink abandon: this would give up {what} for good: its rows are never "
+                "published, and the loss is recorded in the meta store (shown by `eosink "
+                "status` forever after). Stop every job of the sink, then run again with "
+                "--accept-data-loss",
+                file=sys.stderr,
+            )
+            return 2
+        by = f"{getpass.getuser()}@{socket.gethostname()} (eosink abandon)"
+        loss = store.abandon(args.sink_id, args.epoch, args.reason, by)
+    finally:
+        store.close()
+    print(
+        f"abandoned {what}, recorded as a known loss at {_iso(loss.recorded_at)}. "
+        "The next run of the sink deletes its staged data; every coordinator of the sink "
+        "that was running is fenced and stops."
+    )
     return 0
 
 
@@ -331,7 +462,8 @@ def cmd_new_sink(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``eosink`` command's parser (docs/cli.md's synopsis is checked against it)."""
     p = argparse.ArgumentParser(prog="eosink", description="Exactly-once sinks for PySpark.")
     p.add_argument("-v", "--verbose", action="store_true", help="log every state change")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -346,6 +478,21 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--recent", type=int, default=5, help="recent commits shown per sink")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=cmd_status)
+
+    sp = sub.add_parser(
+        "abandon",
+        help="give up a PENDING epoch that can never be published, recorded as a known loss",
+    )
+    sp.add_argument("--metastore-url", help="default: EOSINK_METASTORE_URL or ~/.eosink")
+    sp.add_argument("--sink-id", required=True)
+    sp.add_argument("--epoch", type=int, required=True)
+    sp.add_argument("--reason", required=True, help="why: kept with the loss record")
+    sp.add_argument(
+        "--accept-data-loss",
+        action="store_true",
+        help="required: the epoch's rows are never published",
+    )
+    sp.set_defaults(fn=cmd_abandon)
 
     sp = sub.add_parser("db", help="meta store schema")
     sp.add_argument("action", choices=["upgrade", "current"])
@@ -369,8 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("name", help="the sink's name: lowercase letters, digits, underscores")
     sp.add_argument("--dir", default=".", help="where eosink-NAME/ is created (default: here)")
     sp.set_defaults(fn=cmd_new_sink)
+    return p
 
-    args = p.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -219,7 +219,7 @@ class SinkRuntime:
         if not location:
             return
         self.batch_journal = Journal(CheckpointDir(None, location), self.sink_id, prefix="")
-        have = {r.epoch for r in self.store.epochs(self.sink_id)}
+        have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
         for e, ent in sorted(self.batch_journal.entries().items()):
             if e in have or ent.origin not in BATCH_ORIGINS:
                 continue
@@ -235,6 +235,10 @@ class SinkRuntime:
                 self.store.url_redacted,
             )
             self._persist_entry(ent)
+
+    def _lost(self) -> set[int]:
+        """Epochs an operator abandoned (``eosink abandon``): never taken from a journal."""
+        return {r.epoch for r in self.store.losses(self.sink_id)}
 
     def assert_live(self) -> None:
         """Raise :class:`FencedError` if a newer coordinator took the sink over: through the
@@ -599,7 +603,7 @@ class SinkRuntime:
         """Persist PENDING the journal's entries up to epoch ``upto`` that the store lacks
         (rule 9)."""
         assert self.journal is not None
-        have = {r.epoch for r in self.store.epochs(self.sink_id)}
+        have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
         for e, ent in sorted(self.journal.entries().items()):
             if e > upto or e in have or ent.origin != self.lineage:
                 continue
@@ -643,7 +647,7 @@ class SinkRuntime:
         floor = max(sink.gc_floor, min(entries) - 1 if entries else -1, base - 1)
         if checkpointed <= floor:
             return
-        have = {r.epoch for r in self.store.epochs(self.sink_id)}
+        have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
         missing = [e for e in range(floor + 1, checkpointed + 1) if e not in have]
         if missing:
             raise SinkIdentityError(
@@ -967,7 +971,13 @@ class SinkRuntime:
             except EosinkError as exc:
                 if deadline is None:
                     deadline = time.monotonic() + self.commit_retry_max_s
-                if not exc.transient or time.monotonic() > deadline:
+                final = not exc.transient or time.monotonic() > deadline
+                self.store.record_error(
+                    self.sink_id,
+                    f"epoch {epoch}: commit failed{' for good' if final else ' (retried)'}: "
+                    f"{type(exc).__name__}: {exc}",
+                )
+                if final:
                     raise
                 log.warning(
                     "sink %s epoch %d: commit failed (%s); retrying in %.2fs",

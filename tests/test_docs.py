@@ -269,3 +269,22 @@ def test_recovery_rules_cited_in_the_code_exist() -> None:
     assert cited, "no rule citations found: the pattern is wrong"
     wrong = {p: sorted(n - rules) for p, n in cited.items() if n - rules}
     assert not wrong, f"rule numbers cited that docs/concepts.md does not have: {wrong}"
+
+
+def test_cli_synopsis_lists_every_command_and_option() -> None:
+    """docs/cli.md's synopsis names every subcommand of ``eosink`` and each of its options
+    (taken from the argparse parser, so a new command or option cannot go undocumented)."""
+    import argparse
+
+    from eosink._cli import build_parser
+
+    parser = build_parser()
+    text = (ROOT / "docs" / "cli.md").read_text()
+    synopsis = text[text.index("```") : text.index("```", text.index("```") + 3)]
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, sp in sub.choices.items():
+        assert f"eosink {name}" in synopsis, name
+        for action in sp._actions:
+            for opt in action.option_strings:
+                if opt.startswith("--") and opt != "--help":
+                    assert opt in synopsis, f"eosink {name} {opt}"

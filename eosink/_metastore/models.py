@@ -33,6 +33,8 @@ class SinkRow(Base):
     gc_floor: Mapped[int] = mapped_column(BigInteger, default=-1)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    last_error_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class EpochRow(Base):
@@ -56,3 +58,20 @@ class EpochRow(Base):
     origin: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+class LossRow(Base):
+    """An epoch abandoned by an operator (``eosink abandon --accept-data-loss``): never
+    published, kept as a known loss forever."""
+
+    __tablename__ = "eosink_loss"
+
+    sink_id: Mapped[str] = mapped_column(String(512), primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    rows: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[int] = mapped_column(Integer)
+    nbytes: Mapped[int] = mapped_column("bytes", BigInteger)
+    origin: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason: Mapped[str] = mapped_column(Text)
+    recorded_by: Mapped[str] = mapped_column(String(256))
+    recorded_at: Mapped[float] = mapped_column(Float)

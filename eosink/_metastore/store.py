@@ -52,7 +52,7 @@ from ..errors import (
     MissingExtraError,
 )
 from .migrations import ensure_schema
-from .models import ABORTED, COMMITTED, PENDING, EpochRow, SinkRow
+from .models import ABORTED, COMMITTED, PENDING, EpochRow, LossRow, SinkRow
 
 log = logging.getLogger("eosink.metastore")
 
@@ -93,6 +93,24 @@ class SinkRecord:
     updated_at: float
     target: str | None = None
     gc_floor: int = -1
+    created_at: float | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+
+
+@dataclass(frozen=True)
+class LossRecord:
+    """An epoch abandoned as a known loss (``eosink abandon --accept-data-loss``)."""
+
+    sink_id: str
+    epoch: int
+    rows: int
+    files: int
+    bytes: int
+    origin: str | None
+    reason: str
+    recorded_by: str
+    recorded_at: float
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,8 @@ class EpochRecord:
     commit_ms: float | None
     committed_at: float | None
     origin: str | None = None
+    created_at: float | None = None
+    """When the row was created: the epoch's PENDING time."""
 
 
 def redact_url(url: str) -> str:
@@ -430,6 +450,9 @@ class MetaStore:
             updated_at=row.updated_at,
             target=row.target,
             gc_floor=row.gc_floor,
+            created_at=row.created_at,
+            last_error=row.last_error,
+            last_error_at=row.last_error_at,
         )
 
     def sink(self, sink_id: str) -> SinkRecord | None:
@@ -525,6 +548,7 @@ class MetaStore:
             commit_ms=row.commit_ms,
             committed_at=row.committed_at,
             origin=row.origin,
+            created_at=row.created_at,
         )
 
     def epoch(self, sink_id: str, epoch: int) -> EpochRecord | None:
@@ -721,6 +745,118 @@ class MetaStore:
                     )
 
         self._retry(f"finish the abort of epoch {epoch}", run)
+
+    def record_error(self, sink_id: str, message: str) -> None:
+        """Keep ``message`` as the sink's last error (shown by ``eosink status``). Best
+        effort, not fenced: a store that cannot take it must not hide the error itself."""
+        try:
+            with self._tx() as conn:
+                conn.execute(
+                    update(SinkRow)
+                    .where(SinkRow.sink_id == sink_id)
+                    .values(last_error=message[:4000], last_error_at=time.time())
+                )
+        except Exception:
+            log.debug("sink %s: could not record the last error", sink_id, exc_info=True)
+
+    def abandon(self, sink_id: str, epoch: int, reason: str, by: str) -> LossRecord:
+        """Give up a PENDING (or ABORTED) epoch for good, as an operator's decision: in one
+        transaction the sink's generation is bumped (every coordinator is fenced), the
+        epoch is recorded as a known loss (:meth:`losses`) and marked ABORTED, so that the
+        next run deletes its staged data and never publishes it.
+
+        Raises:
+            InvalidTransitionError: the epoch is COMMITTED or unknown to this store.
+        """
+
+        def run(_: int) -> LossRecord:
+            now = time.time()
+            with self._tx() as conn:
+                row = conn.execute(
+                    select(EpochRow.__table__).where(
+                        EpochRow.sink_id == sink_id, EpochRow.epoch == epoch
+                    )
+                ).one_or_none()
+                if row is None or row.status == COMMITTED:
+                    raise InvalidTransitionError(
+                        f"sink {sink_id!r} epoch {epoch}: "
+                        + ("is COMMITTED" if row is not None else "unknown to this meta store")
+                        + "; only a PENDING or ABORTED epoch can be abandoned"
+                    )
+                known = conn.execute(
+                    select(LossRow.__table__).where(
+                        LossRow.sink_id == sink_id, LossRow.epoch == epoch
+                    )
+                ).one_or_none()
+                if known is not None:  # abandoned before (or by a lost answer's attempt)
+                    return LossRecord(
+                        known.sink_id,
+                        known.epoch,
+                        known.rows,
+                        known.files,
+                        known.bytes,
+                        known.origin,
+                        known.reason,
+                        known.recorded_by,
+                        known.recorded_at,
+                    )
+                conn.execute(
+                    update(SinkRow)
+                    .where(SinkRow.sink_id == sink_id)
+                    .values(generation=SinkRow.generation + 1, owner=by, updated_at=now)
+                )
+                if row.status == PENDING:
+                    conn.execute(
+                        update(EpochRow)
+                        .where(EpochRow.sink_id == sink_id, EpochRow.epoch == epoch)
+                        .values(status=ABORTED, updated_at=now)
+                    )
+                loss = LossRecord(
+                    sink_id, epoch, row.rows, row.files, row.bytes, row.origin, reason, by, now
+                )
+                conn.execute(
+                    insert(LossRow).values(
+                        sink_id=sink_id,
+                        epoch=epoch,
+                        rows=loss.rows,
+                        files=loss.files,
+                        nbytes=loss.bytes,
+                        origin=loss.origin,
+                        reason=reason,
+                        recorded_by=by,
+                        recorded_at=now,
+                    )
+                )
+                return loss
+
+        return self._retry(f"abandon epoch {epoch}", run)
+
+    def losses(self, sink_id: str) -> list[LossRecord]:
+        """The epochs of ``sink_id`` abandoned as known losses, in epoch order."""
+
+        def run(_: int) -> list[LossRecord]:
+            with self._tx() as conn:
+                rows = conn.execute(
+                    select(LossRow.__table__)
+                    .where(LossRow.sink_id == sink_id)
+                    .order_by(LossRow.epoch)
+                ).all()
+            return [
+                LossRecord(
+                    r.sink_id,
+                    r.epoch,
+                    r.rows,
+                    r.files,
+                    r.bytes,
+                    r.origin,
+                    r.reason,
+                    r.recorded_by,
+                    r.recorded_at,
+                )
+                for r in rows
+            ]
+
+        return self._retry("a read", run)
 
     def gc(self, sink_id: str, generation: int, keep_last: int) -> int:
         """Delete COMMITTED rows of streaming epochs older than the newest ``keep_last``.

@@ -1,0 +1,80 @@
+"""The operator's way out of a stuck sink: ``eosink status`` shows it, ``eosink abandon``
+gives up the epoch that can never be published, recorded as a known loss.
+
+The stuck state is real: a batch job's epoch is PENDING (the driver was SIGKILLed after phase
+1) and its staged files are deleted behind eosink's back, so its commit fails for good at
+every restart, and nothing else of the sink can run until an operator decides.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from harness import Job, epoch_states, make_input, read_ids, staged_files
+
+from eosink._cli import main as cli
+
+pytestmark = pytest.mark.crash
+
+
+def _status(capsys: pytest.CaptureFixture[str], url: str, sink_id: str) -> dict:
+    capsys.readouterr()
+    assert cli(["status", "--metastore-url", url, "--sink-id", sink_id, "--json"]) == 0
+    [s] = json.loads(capsys.readouterr().out)
+    return s
+
+
+def test_abandon_a_pending_epoch_whose_staged_data_was_deleted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    job = Job(tmp_path, "batch", url)
+    expected = make_input(job.input, files=2, rows=30)
+    assert job.run(fault="after_persist") == -9, job.last_log()
+    lost = staged_files(job.out)
+    assert lost
+    for f in lost:
+        Path(f).unlink()
+
+    # Every restart fails the same way, and says why.
+    assert job.run() != 0
+    assert "is missing and" in job.last_log()
+    s = _status(capsys, url, job.sink_id)
+    assert s["pending_epochs"] == [5]
+    assert s["pending"][0]["pending_since"] and s["pending"][0]["rows"] == 60
+    assert "epoch 5: commit failed for good: SinkError" in s["last_error"]
+    assert "is missing" in s["last_error"] and s["last_error_at"]
+    assert s["owner_alive"] is False  # the failed run's driver has exited
+    capsys.readouterr()
+    assert cli(["status", "--metastore-url", url, "--sink-id", job.sink_id]) == 0
+    text = capsys.readouterr().out
+    assert "epoch 5 PENDING since" in text and "last error (" in text and "not running" in text
+
+    # Without --accept-data-loss nothing changes; an unknown or committed epoch is refused.
+    args = ["abandon", "--metastore-url", url, "--sink-id", job.sink_id, "--reason", "staging lost"]
+    assert cli([*args, "--epoch", "5"]) == 2
+    assert "--accept-data-loss" in capsys.readouterr().err
+    assert epoch_states(url, job.sink_id) == {"PENDING": [5]}
+    assert cli([*args, "--epoch", "4", "--accept-data-loss"]) == 1
+    assert "unknown to this meta store" in capsys.readouterr().err
+
+    assert cli([*args, "--epoch", "5", "--accept-data-loss"]) == 0
+    assert "recorded as a known loss" in capsys.readouterr().out
+    s = _status(capsys, url, job.sink_id)
+    assert s["pending_epochs"] == [] and s["aborted_epochs"] == [5]
+    [loss] = s["losses"]
+    assert loss["epoch"] == 5 and loss["rows"] == 60 and loss["reason"] == "staging lost"
+    assert "(eosink abandon)" in loss["recorded_by"] and not loss["written_again"]
+
+    # The sink runs again: the re-run of the batch job (epoch=5) writes the epoch anew.
+    assert job.run() == 0, job.last_log()
+    assert read_ids(job.out) == expected
+    assert staged_files(job.out) == []
+    assert epoch_states(url, job.sink_id) == {"COMMITTED": [5]}
+    s = _status(capsys, url, job.sink_id)
+    assert s["losses"][0]["written_again"] is True
+    capsys.readouterr()
+    assert cli(["status", "--metastore-url", url, "--sink-id", job.sink_id]) == 0
+    assert "KNOWN LOSS: epoch 5" in capsys.readouterr().out
