@@ -274,10 +274,10 @@ def test_s3_stream_rolls_json_into_one_multipart_upload(
     assert not [k for k, _ in _s3_keys(c, b) if "/_eosink_staging/" in k]
 
 
-def test_two_hundred_epochs_make_few_files(spark: Any, tmp_path: Path) -> None:
-    """200 micro-batches (one small input file each), max_file_bytes: far fewer files than
+def test_sixty_epochs_make_few_files(spark: Any, tmp_path: Path) -> None:
+    """60 micro-batches (one small input file each), max_file_bytes: far fewer files than
     epochs, each a valid Parquet file, every row exactly once, nothing left staged."""
-    ids = make_input(tmp_path / "in", 200, 20, pad=200)
+    ids = make_input(tmp_path / "in", 60, 20, pad=200)
     out = tmp_path / "out"
     h = eosink.run(
         _stream(spark, tmp_path / "in"),
@@ -292,8 +292,8 @@ def test_two_hundred_epochs_make_few_files(spark: Any, tmp_path: Path) -> None:
     h.await_termination()
     epochs = [f for f in h.figures if not f.skipped]
     files = _visible(out)
-    assert len(epochs) == 200
-    assert len(files) <= 200 / 10, len(files)
+    assert len(epochs) == 60
+    assert len(files) <= 60 / 10, len(files)
     for f in files:
         assert pq.ParquetFile(f).metadata.num_rows > 0
     assert _read_ids(files, "parquet") == ids
