@@ -825,6 +825,22 @@ class SinkRuntime:
             return True
         return False
 
+    def _discard_refused(self, epoch: int) -> None:
+        log.info(
+            "sink %s epoch %d: phase 1 refused the epoch; deleting what its writers staged",
+            self.sink_id,
+            epoch,
+        )
+        try:
+            self.discard(epoch)
+        except Exception:
+            log.warning(
+                "sink %s epoch %d: could not delete the staged data now; the next start does",
+                self.sink_id,
+                epoch,
+                exc_info=True,
+            )
+
     def discard(self, epoch: int) -> None:
         """Delete what was staged for ``epoch`` (no committable): failed writers, a skip."""
         self._abort(epoch, None)
@@ -870,16 +886,23 @@ class SinkRuntime:
         """Phase 1: build the committable and persist PENDING."""
         fault_point("after_write_results")
         t0 = time.perf_counter()
-        prepared = self.coordinator.pre_commit(epoch, results)
-        if not isinstance(prepared, Prepared):
-            raise SinkError(
-                f"sink {self.sink_id}: the {self.plugin.name!r} plugin's pre_commit returned "
-                f"a {type(prepared).__name__}, not eosink.Prepared(committable, files=, "
-                "bytes=) (the plugin interface of eosink 0.2; see docs/plugins.md)"
-            )
-        committable = prepared.committable
-        files, nbytes = prepared.files, prepared.bytes
-        data = self.plugin.committable_codec.encode(committable)
+        try:
+            prepared = self.coordinator.pre_commit(epoch, results)
+            if not isinstance(prepared, Prepared):
+                raise SinkError(
+                    f"sink {self.sink_id}: the {self.plugin.name!r} plugin's pre_commit "
+                    f"returned a {type(prepared).__name__}, not eosink.Prepared(committable, "
+                    "files=, bytes=) (the plugin interface of eosink 0.2; see docs/plugins.md)"
+                )
+            committable = prepared.committable
+            files, nbytes = prepared.files, prepared.bytes
+            data = self.plugin.committable_codec.encode(committable)
+        except Exception:
+            # Refused in phase 1 (a check of the plugin's, a codec error): nothing is
+            # PENDING, so the epoch's staged data will never have a committable. Delete it
+            # now rather than at the next start (rule 4).
+            self._discard_refused(epoch)
+            raise
         fault_point("after_pre_commit")
         batch_end = time.time()
         pre_ms = (time.perf_counter() - t0) * 1000

@@ -300,6 +300,33 @@ def test_native_write_failure_is_clear_and_leaves_nothing(spark, tmp_path: Path)
     assert r.rows == 2 and r.figures is not None and r.figures.writer == "python"
 
 
+def test_epoch_refused_in_phase_1_leaves_nothing_staged(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sink's pre_commit refuses the epoch (as the kafka sink refuses a missing topic; here
+    the file sink's, made to raise): the run raises that error, nothing is PENDING, and the
+    core deletes what the writers staged at once (not only at the next start); the next run
+    writes the epoch."""
+    from eosink_file.plugin import FileCoordinator
+
+    df = spark.createDataFrame([(i, "g") for i in range(6)], "id long, grp string")
+    out = tmp_path / "out"
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+
+    def refuse(self: Any, epoch: int, results: Any) -> Any:
+        raise SinkError(f"epoch {epoch}: refused by a check of the sink")
+
+    with monkeypatch.context() as m:
+        m.setattr(FileCoordinator, "pre_commit", refuse)
+        with pytest.raises(SinkError, match="refused by a check of the sink"):
+            eosink.run(df, sink="file", path=str(out), epoch=3, metastore_url=url)
+    assert list((out / "_eosink_staging").rglob("*.parquet")) == []
+    assert [p for p in out.rglob("*.parquet") if "_eosink_staging" not in p.parts] == []
+    r = eosink.run(df, sink="file", path=str(out), epoch=3, metastore_url=url)
+    assert r.committed and r.rows == 6 and not r.recovered
+    assert read_ids(out) == list(range(6))
+
+
 def test_zombie_coordinator_cannot_commit(spark, tmp_path: Path, metastore_url: str) -> None:
     from eosink._metastore import MetaStore
     from eosink._protocol import SinkRuntime
