@@ -1,4 +1,4 @@
-"""The ``eosink`` command: demo, status, abandon, plugins, db upgrade."""
+"""The ``eosink`` command: demo, status, recover, abandon, plugins, db upgrade."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from .errors import EosinkError, MetaStoreError, MetaStoreUnavailableError
+from .errors import ConfigError, EosinkError, MetaStoreError, MetaStoreUnavailableError
 
 __all__ = ["main"]
 
@@ -338,6 +338,8 @@ def owner_alive(owner: str) -> bool | None:
         return None
     if host != socket.gethostname():
         return None
+    if int(pid) == os.getpid():
+        return False  # this command itself (an earlier call in this process)
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -395,6 +397,78 @@ def cmd_abandon(args: argparse.Namespace) -> int:
         "that was running is fenced and stops."
     )
     return 0
+
+
+def _sink_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``--options-json`` merged with each ``--option KEY=VALUE`` (a JSON value, else the
+    string)."""
+    opts: dict[str, Any] = {}
+    if args.options_json:
+        loaded = json.loads(args.options_json)
+        if not isinstance(loaded, dict):
+            raise ConfigError("--options-json must be a JSON object of the sink's options")
+        opts.update(loaded)
+    for item in args.option or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--option takes KEY=VALUE, not {item!r}")
+        try:
+            opts[key] = json.loads(value)
+        except ValueError:
+            opts[key] = value
+    return opts
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from ._metastore import ABORTED, COMMITTED, PENDING
+    from ._setup import open_runtime, prepare_sink
+
+    setup = prepare_sink(
+        args.sink,
+        _sink_options(args),
+        streaming=False,
+        sink_id=args.sink_id,
+        metastore_url=args.metastore_url,
+    )
+    store = _store(setup.metastore_url)
+    try:
+        sink = store.sink(setup.sink_id)
+        if sink is None:
+            print(
+                f"eosink recover: meta store {store.url_redacted} has no sink "
+                f"{setup.sink_id!r} (give --sink-id as `eosink status` shows it)",
+                file=sys.stderr,
+            )
+            return 1
+        if owner_alive(sink.owner):
+            print(
+                f"eosink recover: the sink's coordinator {sink.owner} is running on this "
+                "machine; it recovers by itself. Stop that job first to recover from here",
+                file=sys.stderr,
+            )
+            return 2
+        before = {r.epoch: r.status for r in store.epochs(setup.sink_id, (PENDING, ABORTED))}
+    finally:
+        store.close()
+    rt = open_runtime(setup)  # fences every other coordinator; the sink's init runs
+    try:
+        rt.use_batch_journal()  # a crashed batch run's epoch known only beside the target
+        rt.recover(first_epoch=0)  # lineage "batch": every PENDING epoch is complete data
+        rolled = rt.roll(everything=True)
+        after = {r.epoch: r.status for r in rt.store.epochs(setup.sink_id)}
+    finally:
+        rt.close()
+        rt.store.close()
+    committed = sorted(e for e, st in before.items() if st == PENDING and after.get(e) == COMMITTED)
+    aborted = sorted(e for e, st in before.items() if st == ABORTED and e not in after)
+    left = sorted(e for e in before if after.get(e) in (PENDING, ABORTED))
+    print(
+        f"sink {setup.sink_id}: committed the PENDING epoch(s) {committed or 'none'}; finished "
+        f"the abort of {aborted or 'none'}; deleted staged data without a committable"
+        + (f"; published {rolled} open file(s)" if rolled else "")
+        + (f"; still not finished: {left} (see `eosink status`)" if left else "")
+    )
+    return 1 if left else 0
 
 
 def _run_label(origin: str | None) -> str:
@@ -493,6 +567,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="required: the epoch's rows are never published",
     )
     sp.set_defaults(fn=cmd_abandon)
+
+    sp = sub.add_parser(
+        "recover",
+        help="finish a stopped sink now: commit its PENDING epochs, abort what must be "
+        "aborted (e.g. lingering Kafka transactions)",
+    )
+    sp.add_argument("--sink", required=True, help="the sink's name (eosink plugins)")
+    sp.add_argument("--sink-id", help="default: the sink's default for its target")
+    sp.add_argument("--metastore-url", help="default: EOSINK_METASTORE_URL or ~/.eosink")
+    sp.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a sink option, as the job gives it (VALUE in JSON, or a string); repeatable",
+    )
+    sp.add_argument("--options-json", help="the sink's options as one JSON object")
+    sp.set_defaults(fn=cmd_recover)
 
     sp = sub.add_parser("db", help="meta store schema")
     sp.add_argument("action", choices=["upgrade", "current"])

@@ -1,18 +1,22 @@
-"""The operator's way out of a stuck sink: ``eosink status`` shows it, ``eosink abandon``
-gives up the epoch that can never be published, recorded as a known loss.
+"""The operator's way out of a stuck sink: ``eosink status`` shows it, ``eosink recover``
+finishes a stopped sink without running its job, ``eosink abandon`` gives up the epoch that
+can never be published, recorded as a known loss.
 
-The stuck state is real: a batch job's epoch is PENDING (the driver was SIGKILLed after phase
-1) and its staged files are deleted behind eosink's back, so its commit fails for good at
-every restart, and nothing else of the sink can run until an operator decides.
+The states are real: a batch job's epoch is PENDING (the driver was SIGKILLed after phase 1)
+and its staged files are deleted behind eosink's back, so its commit fails for good at every
+restart; a Kafka job killed inside a transaction leaves it open, holding back every
+``read_committed`` consumer until the job runs again.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
-from harness import Job, epoch_states, make_input, read_ids, staged_files
+from harness import Job, epoch_states, make_input, read_ids, read_topic, staged_files
+from test_kafka_crash import ROWS, check_topic, kafka_job
 
 from eosink._cli import main as cli
 
@@ -78,3 +82,35 @@ def test_abandon_a_pending_epoch_whose_staged_data_was_deleted(
     capsys.readouterr()
     assert cli(["status", "--metastore-url", url, "--sink-id", job.sink_id]) == 0
     assert "KNOWN LOSS: epoch 5" in capsys.readouterr().out
+
+
+def test_recover_finishes_a_kafka_sink_whose_job_stays_stopped(
+    kafka: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kafka-sink batch job killed with its transaction open (records produced and flushed,
+    not committed): nothing is readable with read_committed. ``eosink recover`` with the
+    job's options, without Spark, ends the lingering transaction (fencing the transactional
+    ids) and commits the PENDING epoch: every record exactly once."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    job, topic = kafka_job(kafka, tmp_path, "batch", url)
+    expected = make_input(job.input, files=2, rows=ROWS)
+    assert job.run(fault="kafka_before_commit") == -9, job.last_log()
+    assert job.fired() == ["kafka_before_commit"]
+    assert epoch_states(url, job.sink_id) == {"PENDING": [5]}
+    assert read_topic(kafka.bootstrap, topic, "read_committed") == []
+
+    args = ["recover", "--sink", "kafka", "--sink-id", job.sink_id, "--metastore-url", url]
+    opts = json.dumps(job.sink_options)
+    assert cli([*args, "--sink-id", "kafka:nosuch", "--options-json", opts]) == 1
+    assert "has no sink 'kafka:nosuch'" in capsys.readouterr().err
+    assert cli([*args, "--options-json", opts]) == 0
+    out = capsys.readouterr().out
+    assert "committed the PENDING epoch(s) [5]" in out, out
+    assert epoch_states(url, job.sink_id) == {"COMMITTED": [5]}
+    check_topic(job, expected, aborted=True)
+    # Nothing left: a second recover changes nothing; the job's re-run is a no-op.
+    assert cli([*args, "--options-json", opts]) == 0
+    assert "committed the PENDING epoch(s) none" in capsys.readouterr().out
+    assert job.run() == 0, job.last_log()
+    assert "skipped=True" in job.last_log()
+    check_topic(job, expected, aborted=True)
