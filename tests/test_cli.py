@@ -138,3 +138,34 @@ def test_demo_iceberg(tmp_path: Path) -> None:
     assert "verify stream: 900 rows read back, exactly once" in res.stdout
     assert "unreferenced data files left behind: 0" in res.stdout
     assert "OK: every row landed exactly once" in res.stdout
+
+
+def test_owner_liveness_and_option_parsing() -> None:
+    """``eosink status``'s owner check (a live process here, a dead one, another host, a
+    non-process owner) and ``eosink recover``'s ``--option`` / ``--options-json`` parsing."""
+    import argparse
+    import socket
+
+    from eosink._cli import _sink_options, owner_alive
+
+    host = socket.gethostname()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert owner_alive(f"{host}:{child.pid}") is True
+    finally:
+        child.kill()
+        child.wait()
+    assert owner_alive(f"{host}:{child.pid}") is False
+    assert owner_alive(f"{host}:{os.getpid()}") is False  # this command itself
+    assert owner_alive(f"another-{host}:1") is None
+    assert owner_alive("me@host (eosink abandon)") is None
+
+    def ns(option: list[str] | None, js: str | None = None) -> argparse.Namespace:
+        return argparse.Namespace(option=option, options_json=js)
+
+    got = _sink_options(ns(["path=/data/out", "transactions=4", 'partition_by=["g"]'], '{"a": 1}'))
+    assert got == {"a": 1, "path": "/data/out", "transactions": 4, "partition_by": ["g"]}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        _sink_options(ns(["novalue"]))
+    with pytest.raises(ConfigError, match="JSON object"):
+        _sink_options(ns(None, "[1]"))
