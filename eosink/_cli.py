@@ -349,18 +349,35 @@ def owner_alive(owner: str) -> bool | None:
     return True
 
 
+def _refuse_unless_stopped(store: Any, sink_id: str, command: str) -> int | None:
+    """None when ``store`` has ``sink_id`` and its owner does not run on this machine; else
+    says why on stderr and returns the exit status (1: no such sink, 2: its job runs)."""
+    sink = store.sink(sink_id)
+    if sink is None:
+        print(
+            f"eosink {command}: meta store {store.url_redacted} has no sink {sink_id!r} "
+            "(give --sink-id as `eosink status` shows it)",
+            file=sys.stderr,
+        )
+        return 1
+    if owner_alive(sink.owner):
+        print(
+            f"eosink {command}: the sink's coordinator {sink.owner} is running on this "
+            "machine: stop that job first",
+            file=sys.stderr,
+        )
+        return 2
+    return None
+
+
 def cmd_abandon(args: argparse.Namespace) -> int:
     from ._metastore import ABORTED, PENDING
 
     store = _store(args.metastore_url)
     try:
-        sink = store.sink(args.sink_id)
-        if sink is None:
-            print(
-                f"eosink abandon: meta store {store.url_redacted} has no sink {args.sink_id!r}",
-                file=sys.stderr,
-            )
-            return 1
+        refused = _refuse_unless_stopped(store, args.sink_id, "abandon")
+        if refused is not None:
+            return refused
         rec = store.epoch(args.sink_id, args.epoch)
         if rec is None or rec.status not in (PENDING, ABORTED):
             state = "unknown to this meta store" if rec is None else rec.status
@@ -371,13 +388,6 @@ def cmd_abandon(args: argparse.Namespace) -> int:
             )
             return 1
         what = f"epoch {args.epoch} of sink {args.sink_id!r} ({rec.rows} rows, {rec.files} files)"
-        if owner_alive(sink.owner):
-            print(
-                f"eosink abandon: the sink's coordinator {sink.owner} is running on this "
-                "machine: stop that job first (abandoning fences it)",
-                file=sys.stderr,
-            )
-            return 2
         if not args.accept_data_loss:
             print(
                 f"eosink abandon: this would give up {what} for good: its rows are never "
@@ -432,21 +442,9 @@ def cmd_recover(args: argparse.Namespace) -> int:
     )
     store = _store(setup.metastore_url)
     try:
-        sink = store.sink(setup.sink_id)
-        if sink is None:
-            print(
-                f"eosink recover: meta store {store.url_redacted} has no sink "
-                f"{setup.sink_id!r} (give --sink-id as `eosink status` shows it)",
-                file=sys.stderr,
-            )
-            return 1
-        if owner_alive(sink.owner):
-            print(
-                f"eosink recover: the sink's coordinator {sink.owner} is running on this "
-                "machine; it recovers by itself. Stop that job first to recover from here",
-                file=sys.stderr,
-            )
-            return 2
+        refused = _refuse_unless_stopped(store, setup.sink_id, "recover")
+        if refused is not None:
+            return refused
         before = {r.epoch: r.status for r in store.epochs(setup.sink_id, (PENDING, ABORTED))}
     finally:
         store.close()

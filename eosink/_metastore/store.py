@@ -789,17 +789,7 @@ class MetaStore:
                     )
                 ).one_or_none()
                 if known is not None:  # abandoned before (or by a lost answer's attempt)
-                    return LossRecord(
-                        known.sink_id,
-                        known.epoch,
-                        known.rows,
-                        known.files,
-                        known.bytes,
-                        known.origin,
-                        known.reason,
-                        known.recorded_by,
-                        known.recorded_at,
-                    )
+                    return self._loss(known)
                 conn.execute(
                     update(SinkRow)
                     .where(SinkRow.sink_id == sink_id)
@@ -831,6 +821,20 @@ class MetaStore:
 
         return self._retry(f"abandon epoch {epoch}", run)
 
+    @staticmethod
+    def _loss(row: Any) -> LossRecord:
+        return LossRecord(
+            row.sink_id,
+            row.epoch,
+            row.rows,
+            row.files,
+            row.bytes,
+            row.origin,
+            row.reason,
+            row.recorded_by,
+            row.recorded_at,
+        )
+
     def losses(self, sink_id: str) -> list[LossRecord]:
         """The epochs of ``sink_id`` abandoned as known losses, in epoch order."""
 
@@ -841,20 +845,7 @@ class MetaStore:
                     .where(LossRow.sink_id == sink_id)
                     .order_by(LossRow.epoch)
                 ).all()
-            return [
-                LossRecord(
-                    r.sink_id,
-                    r.epoch,
-                    r.rows,
-                    r.files,
-                    r.bytes,
-                    r.origin,
-                    r.reason,
-                    r.recorded_by,
-                    r.recorded_at,
-                )
-                for r in rows
-            ]
+            return [self._loss(r) for r in rows]
 
         return self._retry("a read", run)
 
