@@ -132,37 +132,28 @@ class Job:
         protocol rather than in Spark's start-up.
         Returns the exit code (-9 when killed).
         """
-        env = self._env(fault)
         log = self.tmp / f"run-{len(self.logs)}.log"
         self.saw_pending = False
-        with open(log, "w") as fh:
-            proc = subprocess.Popen(
-                self.argv(),
-                env=env,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=None if self.machine is None else self.machine / "work",
-            )
-            try:
-                if kill_in_protocol is not None:
-                    self._wait_for_protocol(proc, timeout)
-                    kill_after = kill_in_protocol
-                code = proc.wait(timeout=kill_after if kill_after is not None else timeout)
-            except subprocess.TimeoutExpired:
-                if kill_after is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-                    raise AssertionError(f"driver timed out; log {log}") from None
+        proc = self.spawn(str(len(self.logs)), fault)
+        try:
+            if kill_in_protocol is not None:
+                self._wait_for_protocol(proc, timeout)
+                kill_after = kill_in_protocol
+            code = proc.wait(timeout=kill_after if kill_after is not None else timeout)
+        except subprocess.TimeoutExpired:
+            if kill_after is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-                code = proc.wait()
-            finally:
-                # The driver is gone: make sure its JVM and Python workers are too.
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                time.sleep(0.2)
+                proc.wait()
+                raise AssertionError(f"driver timed out; log {log}") from None
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+        finally:
+            # The driver is gone: make sure its JVM and Python workers are too.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            time.sleep(0.2)
         self.logs.append(log.read_text())
         return code
 
