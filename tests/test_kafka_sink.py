@@ -7,6 +7,7 @@ is tests/test_kafka_crash.py; Kafka as the source, tests/test_kafka_e2e.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from pathlib import Path
@@ -363,6 +364,36 @@ def test_fenced_inside_flush_is_a_fenced_error(kafka: Any, topic: str) -> None:
         live.publish(0, 0, True, records[n : n + 1])
         live.close()
     assert sorted(_ids(read_topic(kafka.bootstrap, topic))) == list(range(8))
+
+
+def test_fatal_error_of_a_fenced_producer_is_a_fenced_error(kafka: Any, topic: str) -> None:
+    """Once a fenced producer has turned fatal in the background, produce() only raises
+    ``Local: Fatal error`` (code _FATAL): seen in CI as a zombie's CommitStateUnknownError.
+    The slot asks the producer what made it fatal and raises eosink's FencedError."""
+    from confluent_kafka import KafkaError, KafkaException
+    from eosink_kafka.options import KafkaSinkOptions
+    from eosink_kafka.transactions import Slot
+
+    ctl = f"ctl-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(ctl, **{"cleanup.policy": "compact"})
+    opts = KafkaSinkOptions(bootstrap_servers=kafka.bootstrap, topic=topic, timeout_seconds=30)
+    tid = f"fatal-{ctl}"
+    zombie, live = Slot(opts, tid, ctl, "k/0"), Slot(opts, tid, ctl, "k/0")
+    zombie.init()
+    live.init()  # fences the zombie's producer
+    p = zombie.producer
+    assert p is not None
+    p.begin_transaction()
+    p.produce(topic, b'{"id": 0}', b"k")
+    with contextlib.suppress(KafkaException, SystemError):
+        p.flush(30)  # the broker refuses the partitions: the producer turns fatal
+    with pytest.raises(KafkaException) as raised:
+        p.produce(topic, b'{"id": 1}', b"k")
+    assert raised.value.args[0].code() == KafkaError._FATAL
+    with pytest.raises(eosink.FencedError, match="Kafka fenced this producer"):
+        zombie._failed(raised.value, 0, 0)
+    live.close()
+    assert _ids(read_topic(kafka.bootstrap, topic)) == []
 
 
 class _Producer:

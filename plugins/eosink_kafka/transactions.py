@@ -460,6 +460,16 @@ class Slot:
         exc = kafka_exc
         err = _err(exc) or (self.errors[0] if self.errors else None)
         self.errors = []
+        if err is not None and err.code() == KafkaError._FATAL and self.producer is not None:
+            # The producer turned fatal in the background (e.g. fenced while this chunk was
+            # produced): produce() and delivery reports then only say "Local: Fatal error".
+            # A transactional call on a fatal producer returns the error that made it fatal.
+            try:
+                self.producer.abort_transaction(self.opts.timeout_seconds)
+            except (KafkaException, SystemError) as probe:
+                cause = _kafka_exception(probe)
+                if cause is not None and _err(cause) is not None:
+                    exc, err = cause, _err(cause)
         where = f"{self.transactional_id} epoch {epoch} chunk {index}"
         code = err.code() if err is not None else None
         if code in _FENCED:
