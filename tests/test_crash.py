@@ -40,18 +40,15 @@ STREAM_FAULTS = [
         "before_commit@2",
     ],
     ["mid_commit@2", "after_commit@2", "after_mark_committed@2"],
-    # A crash leaves an aborted epoch; the next start dies while aborting it.
-    ["after_persist@3", "mid_abort"],
     # Two crashes in a row at different points.
     ["after_commit@1", "after_persist@2"],
-    # Crashes inside recovery itself: epoch 2 persisted, not checkpointed (aborted at the
-    # restart), and the restart dies between marking it ABORTED and the plugin's abort, or
-    # between the abort and deleting the row; epoch 1 checkpointed, not committed, and the
-    # restart dies inside / right after recovery's own commit of it.
-    ["after_persist@3", "recovery_before_abort"],
-    ["after_persist@3", "recovery_before_finish_abort"],
-    ["before_commit@2", "mid_commit"],
-    ["before_commit@2", "after_commit"],
+    # Crashes inside recovery itself. Epoch 2 persisted, not checkpointed: each restart finds
+    # it still to abort and dies at the next point of that abort (before the plugin's abort,
+    # inside it, between it and deleting the row).
+    ["after_persist@3", "recovery_before_abort", "mid_abort", "recovery_before_finish_abort"],
+    # Epoch 1 checkpointed, not committed: the restart dies inside recovery's own commit of
+    # it, the next one right after it.
+    ["before_commit@2", "mid_commit", "after_commit"],
     # The first run dies right after writing the checkpoint's lineage file, before the meta
     # store records it.
     ["after_lineage_written"],
@@ -70,16 +67,14 @@ BATCH_FAULTS = [
     ["after_persist", "mid_commit", "after_commit", "after_mark_committed"],
     ["after_pre_commit", "mid_abort"],
 ]
-INLINE_FAULTS = [["after_persist@2"], ["mid_commit@2"], ["after_commit@2"]]
-DS_FAULTS = [["after_persist@2"], ["mid_commit@2"], ["after_commit@3"]]
+INLINE_FAULTS = [["after_persist@2", "mid_commit@2", "after_commit@2"]]
+DS_FAULTS = [["after_persist@2", "mid_commit@2", "after_commit@3"]]
 
 # Also on PostgreSQL (the protocol's SQL differs per dialect; test_metastore.py covers the
 # store's semantics on both): a crash while aborting for each of the batch and stream flows,
 # and a crash inside phase 2 of a format("eosink") stream.
-ON_POSTGRES = [
-    ["after_persist@3", "mid_abort"],
-    ["after_pre_commit", "mid_abort"],
-]
+STREAM_ON_POSTGRES = [["after_persist@3", "mid_abort"]]
+BATCH_ON_POSTGRES = [["after_pre_commit", "mid_abort"]]
 DS_ON_POSTGRES = [["mid_commit@2"]]
 # After these, the finished job is run once more: replays of committed epochs change nothing.
 RERUN = [STREAM_FAULTS[1], BATCH_FAULTS[1]]
@@ -92,12 +87,12 @@ PYTHON_WRITER = [
 ]
 
 
-def _cases(matrix: list[list[str]], on_postgres: list[list[str]] = ON_POSTGRES) -> list[object]:
+def _cases(matrix: list[list[str]], on_postgres: list[list[str]]) -> list[object]:
+    """Every chain of ``matrix`` on SQLite, and the chains of ``on_postgres`` on PostgreSQL."""
     return [
         pytest.param(store, faults, id=f"{store}-{'+'.join(faults)}")
-        for faults in matrix
-        for store in ("sqlite", "postgres")
-        if store == "sqlite" or faults in on_postgres
+        for store, chains in (("sqlite", matrix), ("postgres", on_postgres))
+        for faults in chains
     ]
 
 
@@ -137,7 +132,7 @@ def _crash_and_recover(
         _check(job, expected, partitioned)
 
 
-@pytest.mark.parametrize(("store", "faults"), _cases(STREAM_FAULTS))
+@pytest.mark.parametrize(("store", "faults"), _cases(STREAM_FAULTS, STREAM_ON_POSTGRES))
 def test_stream_crash(
     request: pytest.FixtureRequest, tmp_path: Path, store: str, faults: list[str]
 ) -> None:
@@ -148,7 +143,7 @@ def test_stream_crash(
     _crash_and_recover(job, faults, expected, partitioned=True)
 
 
-@pytest.mark.parametrize(("store", "faults"), _cases(BATCH_FAULTS))
+@pytest.mark.parametrize(("store", "faults"), _cases(BATCH_FAULTS, BATCH_ON_POSTGRES))
 def test_batch_crash(
     request: pytest.FixtureRequest, tmp_path: Path, store: str, faults: list[str]
 ) -> None:
@@ -165,13 +160,13 @@ def test_python_writer_crash(tmp_path: Path, mode: str, faults: list[str]) -> No
     _crash_and_recover(job, faults, expected, partitioned=True)
 
 
-@pytest.mark.parametrize(("store", "faults"), _cases(INLINE_FAULTS))
+@pytest.mark.parametrize(("store", "faults"), _cases(INLINE_FAULTS, []))
 def test_stream_inline_crash(
     request: pytest.FixtureRequest, tmp_path: Path, store: str, faults: list[str]
 ) -> None:
     metastore_url = metastore_for(store, request, tmp_path)
     job = Job(tmp_path, "stream", metastore_url, commit_mode="inline")
-    expected = make_input(job.input)
+    expected = make_input(job.input, files=3 + len(faults))
     _crash_and_recover(job, faults, expected)
 
 
@@ -181,7 +176,7 @@ def test_datasource_stream_crash(
 ) -> None:
     metastore_url = metastore_for(store, request, tmp_path)
     job = Job(tmp_path, "ds-stream", metastore_url)
-    expected = make_input(job.input)
+    expected = make_input(job.input, files=3 + len(faults))
     _crash_and_recover(job, faults, expected)
 
 
