@@ -129,6 +129,78 @@ def test_partition_the_topic_lacks_and_null_topic_refused_before_pending(
     assert [(p, v) for p, _, v, _ in read_topic(kafka.bootstrap, t)] == [(1, b"a")]
 
 
+@pytest.mark.parametrize("writer", ["spark", "python"])
+def test_record_over_the_topics_limit_refused_before_pending(
+    spark: Any, kafka: Any, tmp_path: Path, writer: str
+) -> None:
+    """A record the broker would refuse for its size (the topic's max.message.bytes, no
+    compression) fails the epoch before it is persisted, on both writer paths: the sink is
+    not left with an epoch no commit can publish. The next run with good data succeeds."""
+    import secrets
+
+    from eosink import SinkError
+
+    t = f"small-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(t, **{"max.message.bytes": "4000"})
+    sid = f"kafka:sizes-{writer}"
+    opts = {
+        "bootstrap_servers": kafka.bootstrap,
+        "topic": t,
+        "sink_id": sid,
+        "writer": writer,
+        "staging_path": str(tmp_path / "staging"),
+        "metastore_url": f"sqlite:///{tmp_path / 'm.db'}",
+    }
+    big = secrets.token_hex(3000)  # 6000 bytes, barely compressible
+    bad = spark.createDataFrame([("k", '{"id": 0}'), ("k", big)], "key string, value string")
+    with pytest.raises(SinkError) as err:
+        eosink.run(bad, sink="kafka", **opts)
+    msg = str(err.value)
+    assert "a record is 6001 bytes" in msg, msg
+    assert f"{t!r} (max.message.bytes 4000)" in msg, msg
+    assert "PENDING" not in _store_epochs(opts["metastore_url"], sid).values()
+    assert _staged(tmp_path) == []
+    assert read_topic(kafka.bootstrap, t) == []
+    ok = spark.createDataFrame(
+        [("k", f'{{"id": {i}}}') for i in range(3)], "key string, value string"
+    )
+    r = eosink.run(ok, sink="kafka", **opts)
+    assert r.committed and r.rows == 3
+    assert sorted(_ids(read_topic(kafka.bootstrap, t))) == [0, 1, 2]
+
+
+def test_record_sizes_with_compression_and_the_producers_limit(
+    spark: Any, kafka: Any, tmp_path: Path
+) -> None:
+    """With compression the broker checks compressed batches: a large record that
+    compresses under the topic's limit is published, not refused. Over the producers'
+    message.max.bytes (librdkafka's own limit, 1,000,000 by default) a record is refused
+    before the epoch is persisted, whatever the compression."""
+    from eosink import SinkError
+
+    t = f"small-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(t, **{"max.message.bytes": "4000"})
+    opts = {
+        "bootstrap_servers": kafka.bootstrap,
+        "topic": t,
+        "writer": "python",
+        "staging_path": str(tmp_path / "staging"),
+        "metastore_url": f"sqlite:///{tmp_path / 'm.db'}",
+        "producer_config": {"compression.type": "lz4"},
+    }
+    value = '{"id": 7, "pad": "' + "a" * 6000 + '"}'
+    df = spark.createDataFrame([("k", value)], "key string, value string")
+    r = eosink.run(df, sink="kafka", sink_id="kafka:lz4", **opts)
+    assert r.committed and r.rows == 1
+    assert _ids(read_topic(kafka.bootstrap, t)) == [7]
+    huge = spark.createDataFrame([("k", "x" * 1_100_000)], "key string, value string")
+    with pytest.raises(SinkError, match=r"over the producers' message.max.bytes of 1000000"):
+        eosink.run(huge, sink="kafka", sink_id="kafka:huge", **opts)
+    assert "PENDING" not in _store_epochs(opts["metastore_url"], "kafka:huge").values()
+    assert _staged(tmp_path) == []
+    assert _ids(read_topic(kafka.bootstrap, t)) == [7]
+
+
 @pytest.mark.parametrize(
     ("config", "named"),
     [

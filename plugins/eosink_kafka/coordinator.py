@@ -12,6 +12,7 @@ driver never needs to finish a transaction a dead one opened (librdkafka cannot)
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,6 +37,7 @@ from .staging import (
     Stage,
     chunks_of,
     fsync_path,
+    largest_record,
     merge_targets,
     read_chunk,
     stage_of,
@@ -46,6 +48,12 @@ from .staging import (
 __all__ = ["KafkaCoordinator", "make_coordinator", "validate_schema"]
 
 log = logging.getLogger("eosink.kafka")
+
+PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
+"""librdkafka's default ``message.max.bytes``."""
+BATCH_OVERHEAD_BYTES = 128
+"""A record batch's header (61 bytes) and one record's framing, rounded up: what a record
+adds to its key, value and headers on the wire, uncompressed."""
 
 
 def validate_schema(opts: KafkaSinkOptions, schema: pa.Schema) -> None:
@@ -93,6 +101,56 @@ def validate_schema(opts: KafkaSinkOptions, schema: pa.Schema) -> None:
         raise SchemaMismatchError(
             "no topic: give the option topic= or a 'topic' column naming each record's topic"
         )
+
+
+def _observe_largest(df: Any) -> tuple[Any, Any]:
+    """``df`` observed for its largest record (key, value and headers bytes, as librdkafka
+    counts them), and a function that returns it once the write ran (None: not observed)."""
+    try:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        names = set(df.columns)
+        parts = [
+            F.coalesce(F.octet_length(F.col(c)), F.lit(0)) for c in ("value", "key") if c in names
+        ]
+        if "headers" in names:
+            parts.append(
+                F.coalesce(
+                    F.expr(
+                        "aggregate(headers, 0L, (acc, h) -> acc + "
+                        "coalesce(octet_length(h.key), 0) + coalesce(octet_length(h.value), 0))"
+                    ),
+                    F.lit(0),
+                )
+            )
+        size = parts[0]
+        for more in parts[1:]:
+            size = size + more
+        obs = Observation(f"eosink_largest_{uuid.uuid4().hex[:8]}")
+        observed = df.observe(obs, F.max(size.cast("long")).alias("largest"))
+    except Exception as exc:  # a front end without observe(): the files are read instead
+        log.debug("kafka sink: records not observed (%s)", exc)
+        return df, lambda: None
+
+    def largest() -> int | None:
+        try:
+            value = obs.get.get("largest")
+        except Exception as exc:
+            log.debug("kafka sink: no observed record size (%s)", exc)
+            return None
+        return int(value or 0)
+
+    return observed, largest
+
+
+def _largest_of_file(path: Any) -> int:
+    """:func:`largest_record` of a staged file (its key, value and headers columns)."""
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    cols = [c for c in ("value", "key", "headers") if c in names]
+    return largest_record(pq.read_table(path, columns=cols)) if cols else 0
 
 
 class KafkaCoordinator(
@@ -220,9 +278,11 @@ class KafkaCoordinator(
         assert isinstance(self.stage, LocalStage)
         root = self.stage.root
         stage = root / self.key / str(epoch) / attempt
+        df, largest = _observe_largest(df)
         df.write.mode("error").option(
             "mapreduce.fileoutputcommitter.marksuccessfuljobs", "false"
         ).parquet(str(stage))
+        biggest = largest()
         files: list[dict[str, Any]] = []
         for p in sorted(stage.glob("part-*")) if stage.is_dir() else []:
             if not p.is_file():
@@ -234,6 +294,7 @@ class KafkaCoordinator(
             rel = p.relative_to(root).as_posix()
             f = {"staged": rel, "rows": rows, "bytes": p.stat().st_size, "raw": size}
             f["targets"] = [[t, n] for t, n in self._targets_of_file(p).items()]
+            f["largest"] = biggest if biggest is not None else _largest_of_file(p)
             files.append(f)
         if self.opts.fsync:
             with ThreadPoolExecutor(max_workers=8) as pool:
@@ -323,6 +384,7 @@ class KafkaCoordinator(
                 f"rows name partitions the topic does not have: {', '.join(beyond)}; fix the "
                 "partition column or add partitions"
             )
+        problems += self._size_problems(epoch, files, sorted(t for t in targets if t))
         if problems:
             self.abort(epoch, None)
             raise SinkError(
@@ -331,6 +393,62 @@ class KafkaCoordinator(
                 + ". Nothing of the epoch was published or recorded (its staged data is "
                 "deleted); run again once fixed"
             )
+
+    def _size_problems(
+        self, epoch: int, files: Sequence[dict[str, Any]], topics: list[str]
+    ) -> list[str]:
+        """Records too large to ever be published: over the producers' ``message.max.bytes``
+        (librdkafka refuses them), or, without compression, over a target topic's
+        ``max.message.bytes`` with a record batch's overhead (the broker refuses them). With
+        compression the broker checks compressed batches, which only the commit knows: not
+        checked here (a refusal then is a commit failure; docs/kafka.md says what to do)."""
+        largest = 0
+        for f in files:
+            if "largest" in f:
+                n = int(f["largest"])
+            else:  # written without the summary: read the file
+                table = self.stage.read_table(str(f["staged"]))
+                n = largest_record(table) if table is not None else 0
+            largest = max(largest, n)
+        if not largest:
+            return []
+        conf = self.opts.producer_config
+        problems: list[str] = []
+        producer_max = int(conf.get("message.max.bytes", PRODUCER_MESSAGE_MAX_BYTES))
+        if largest > producer_max:
+            problems.append(
+                f"a record is {largest} bytes (key, value and headers), over the producers' "
+                f"message.max.bytes of {producer_max}: raise "
+                "producer_config['message.max.bytes'] (and the topic's max.message.bytes), "
+                "or make the record smaller"
+            )
+        compression = str(conf.get("compression.type", conf.get("compression.codec", "none")))
+        if compression != "none" or not topics:
+            return problems
+        try:
+            limits = self.admin.max_message_bytes(topics)
+        except SinkError as exc:
+            log.warning(
+                "kafka sink %s epoch %d: record sizes not checked against the topics' "
+                "max.message.bytes: %s",
+                self.sink_id,
+                epoch,
+                exc,
+            )
+            return problems
+        over = sorted(
+            f"{t!r} (max.message.bytes {limit})"
+            for t, limit in limits.items()
+            if largest + BATCH_OVERHEAD_BYTES > limit
+        )
+        if over:
+            problems.append(
+                f"a record is {largest} bytes (key, value and headers; about "
+                f"{largest + BATCH_OVERHEAD_BYTES} in a record batch), over the limit of "
+                f"topic(s) {', '.join(over)}: raise the topic's max.message.bytes, or make the "
+                "record smaller"
+            )
+        return problems
 
     # -- the protocol ----------------------------------------------------------------------
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:

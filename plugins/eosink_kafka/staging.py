@@ -283,6 +283,7 @@ class KafkaWriter(CoordinatedSinkWriter[dict[str, Any]]):
         self.rows = 0
         self.uploaded = False
         self.targets: dict[str | None, int] = {}
+        self.largest = 0
 
     @property
     def path(self) -> Path:
@@ -305,6 +306,7 @@ class KafkaWriter(CoordinatedSinkWriter[dict[str, Any]]):
         self.writer.write_batch(batch)
         self.rows += batch.num_rows
         merge_targets(self.targets, targets_of(batch, self.opts.topic))
+        self.largest = max(self.largest, largest_record(batch))
 
     def finish_write(self, epoch: int) -> dict[str, Any]:
         assert self.dir is not None
@@ -328,6 +330,7 @@ class KafkaWriter(CoordinatedSinkWriter[dict[str, Any]]):
             "bytes": size,
             "raw": raw,
             "targets": [[t, p] for t, p in self.targets.items()],
+            "largest": self.largest,
         }
         return {"files": [{**f, "host": socket.gethostname()}]}
 
@@ -379,6 +382,39 @@ def targets_of(data: pa.Table | pa.RecordBatch, topic: str | None) -> dict[str |
         high = row["p_max"]
         out[row["topic"]] = -1 if high is None else int(high)
     return out
+
+
+def largest_record(data: pa.Table | pa.RecordBatch) -> int:
+    """The size in bytes of the largest record of ``data``: its ``key``, ``value`` and
+    ``headers`` (keys and values), as librdkafka counts it against ``message.max.bytes``.
+    Checked against the producers' and the topics' limits before the epoch is persisted."""
+    n = data.num_rows
+    if n == 0:
+        return 0
+    names = data.schema.names
+    size: Any = pc.fill_null(pa.nulls(n, pa.int64()), 0)
+    for name in ("value", "key"):
+        if name in names:
+            lengths = pc.binary_length(data.column(name)).cast(pa.int64())
+            size = pc.add(size, pc.fill_null(lengths, 0))
+    if "headers" in names:
+        headers = data.column("headers")
+        if isinstance(headers, pa.ChunkedArray):
+            headers = headers.combine_chunks()
+        items = pc.list_flatten(headers)
+        if len(items):
+            each = pc.add(
+                pc.fill_null(pc.binary_length(items.field("key")).cast(pa.int64()), 0),
+                pc.fill_null(pc.binary_length(items.field("value")).cast(pa.int64()), 0),
+            )
+            # Per row: the running total at the row's last header minus at its first.
+            total = pa.concat_arrays([pa.array([0], pa.int64()), pc.cumulative_sum(each)])
+            offsets = pc.subtract(headers.offsets, headers.offsets[0]).cast(pa.int64())
+            ends = pc.take(total, offsets[1:])
+            starts = pc.take(total, offsets[:-1])
+            size = pc.add(size, pc.subtract(ends, starts))
+    high = pc.max(size).as_py()
+    return int(high or 0)
 
 
 def merge_targets(into: dict[str | None, int], more: dict[str | None, int]) -> None:

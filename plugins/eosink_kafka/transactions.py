@@ -179,6 +179,28 @@ class Admin:
                 out[name] = len(t.partitions)
         return out
 
+    def max_message_bytes(self, topics: list[str]) -> dict[str, int]:
+        """Each topic's ``max.message.bytes`` (the largest record batch its brokers accept).
+
+        Raises:
+            SinkError: the cluster did not answer (unreachable, or DescribeConfigs denied).
+        """
+        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+        out: dict[str, int] = {}
+        try:
+            futures = self.client.describe_configs(
+                resources, request_timeout=self.opts.timeout_seconds
+            )
+            for res, fut in futures.items():
+                entry = fut.result(timeout=self.opts.timeout_seconds).get("max.message.bytes")
+                if entry is not None and entry.value is not None:
+                    out[res.name] = int(entry.value)
+        except Exception as exc:
+            raise SinkError(
+                redact(f"cannot read the topics' configs from Kafka ({exc})", self.opts)
+            ) from None
+        return out
+
     def check_topic(self, topic: str) -> None:
         if topic not in self.topics():
             raise ConfigError(
