@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from datetime import datetime
 from typing import Any
 
@@ -187,7 +188,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "plugin": s.plugin,
                     "generation": s.generation,
                     "owner": s.owner,
-                    "owner_alive": owner_alive(s.owner),
+                    "owner_alive": owner_alive(s.owner, s.heartbeat_at),
+                    "heartbeat_at": _iso(s.heartbeat_at),
                     "created_at": _iso(s.created_at),
                     "updated_at": _iso(s.updated_at),
                     "last_error": s.last_error,
@@ -265,6 +267,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         print(f"  target: {s['target'] or 'not recorded (written before eosink 0.1)'}")
         print(f"  created: {s['created_at']}  last change: {s['updated_at']}")
+        if s["heartbeat_at"]:
+            print(f"  last heartbeat of its coordinator: {s['heartbeat_at']}")
         if s["last_error"]:
             print(f"  last error ({s['last_error_at']}): {_one_line(s['last_error'])[:500]}")
         if s["stream_lineage"]:
@@ -330,14 +334,22 @@ def _iso(t: float | None) -> str | None:
     return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
-def owner_alive(owner: str) -> bool | None:
-    """Whether the coordinator ``host:pid`` that last acquired a sink still runs: None when
-    it is on another host (this machine cannot tell) or not a process (``eosink abandon``)."""
+def owner_alive(owner: str, heartbeat_at: float | None = None) -> bool | None:
+    """Whether the coordinator ``host:pid`` that last acquired a sink still runs.
+
+    On this host its process is asked. On another host its heartbeat tells: recorded
+    within :data:`HEARTBEAT_STALE_SECONDS` means running, older means not (killed, or its
+    host lost); None when it has none (stopped cleanly, or an eosink before the heartbeat)
+    or is not a process (``eosink abandon``): this machine cannot tell."""
+    from ._metastore import HEARTBEAT_STALE_SECONDS
+
     host, _, pid = owner.rpartition(":")
     if not host or not pid.isdigit():
         return None
     if host != socket.gethostname():
-        return None
+        if heartbeat_at is None:
+            return None
+        return time.time() - heartbeat_at < HEARTBEAT_STALE_SECONDS
     if int(pid) == os.getpid():
         return False  # this command itself (an earlier call in this process)
     try:
@@ -360,10 +372,21 @@ def _refuse_unless_stopped(store: Any, sink_id: str, command: str) -> int | None
             file=sys.stderr,
         )
         return 1
-    if owner_alive(sink.owner):
+    if owner_alive(sink.owner, sink.heartbeat_at):
+        host = sink.owner.rpartition(":")[0]
+        if host == socket.gethostname():
+            where = "is running on this machine"
+        else:
+            from ._metastore import HEARTBEAT_STALE_SECONDS
+
+            age = time.time() - (sink.heartbeat_at or 0.0)
+            where = (
+                f"on {host} recorded its heartbeat {age:.0f} s ago (a job killed without "
+                f"stopping is taken as stopped {HEARTBEAT_STALE_SECONDS:.0f} s after its "
+                "last heartbeat)"
+            )
         print(
-            f"eosink {command}: the sink's coordinator {sink.owner} is running on this "
-            "machine: stop that job first",
+            f"eosink {command}: the sink's coordinator {sink.owner} {where}: stop that job first",
             file=sys.stderr,
         )
         return 2

@@ -21,7 +21,16 @@ import pyarrow as pa
 
 from ._checkpoint import CheckpointDir
 from ._journal import Entry, Journal
-from ._metastore import ABORTED, BATCH, BATCH_AUTO, BATCH_ORIGINS, COMMITTED, PENDING, MetaStore
+from ._metastore import (
+    ABORTED,
+    BATCH,
+    BATCH_AUTO,
+    BATCH_ORIGINS,
+    COMMITTED,
+    HEARTBEAT_SECONDS,
+    PENDING,
+    MetaStore,
+)
 from .errors import (
     EosinkError,
     FencedError,
@@ -209,6 +218,7 @@ class SinkRuntime:
     """The ``eosink.run`` call this coordinator serves, recorded with its journal claims."""
     _since_gc: int = field(init=False, default=0)
     _marker: dict[str, Any] | None = field(init=False, default=None)
+    _heartbeat: Heartbeat | None = field(init=False, default=None)
 
     def use_batch_journal(self) -> None:
         """Open the target's batch journal (once) and take from it the PENDING batch epochs
@@ -290,6 +300,7 @@ class SinkRuntime:
             self.adopted_last = marked
         rec = self.store.acquire(sid, self.plugin.name, None)
         self.generation = rec.generation
+        self._heartbeat = Heartbeat(self.store, sid, rec.generation)
         if self.adopted_last is not None and marker is not None:
             log.warning(
                 "sink %s: meta store %s has no record of this sink, but its target holds "
@@ -737,6 +748,9 @@ class SinkRuntime:
             self.coordinator.close()
         except Exception:  # pragma: no cover - close must not hide the real outcome
             log.exception("sink %s: coordinator close failed", self.sink_id)
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
 
     # -- recovery ------------------------------------------------------------------------
     def recover(
@@ -1063,6 +1077,31 @@ class SinkRuntime:
             n = self.store.gc(self.sink_id, self.generation, self.gc_keep)
             if n:
                 log.debug("sink %s: garbage-collected %d committed epochs", self.sink_id, n)
+
+
+class Heartbeat:
+    """Records in the sink's row, every :data:`HEARTBEAT_SECONDS`, that its coordinator
+    runs (a daemon thread), and clears it on :meth:`stop`: ``eosink status`` and the
+    operator commands tell a live owner on another host from a dead one by it. Fenced: a
+    coordinator that lost the sink stops beating."""
+
+    def __init__(self, store: MetaStore, sink_id: str, generation: int) -> None:
+        self.store = store
+        self.sink_id = sink_id
+        self.generation = generation
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="eosink-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            if not self.store.heartbeat(self.sink_id, self.generation):
+                log.debug("sink %s: heartbeat not recorded", self.sink_id)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.store.heartbeat(self.sink_id, self.generation, stopped=True)
 
 
 class AsyncCommitter:

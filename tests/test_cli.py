@@ -169,3 +169,65 @@ def test_owner_liveness_and_option_parsing() -> None:
         _sink_options(ns(["novalue"]))
     with pytest.raises(ConfigError, match="JSON object"):
         _sink_options(ns(None, "[1]"))
+
+
+def test_heartbeat_tells_a_live_owner_on_another_host(tmp_path: Path) -> None:
+    """A coordinator on another host cannot be asked for its process: its heartbeat in the
+    sink's row tells. Fresh: ``status`` says running and ``abandon`` refuses; stale (a job
+    killed there): not running, and ``abandon`` proceeds. Cleared by a clean stop; a
+    fenced coordinator's heartbeat is not taken."""
+    import time
+
+    from sqlalchemy import update
+
+    from eosink._cli import owner_alive
+    from eosink._metastore import HEARTBEAT_STALE_SECONDS
+    from eosink._metastore.models import SinkRow
+
+    now = time.time()
+    assert owner_alive("elsewhere.example:1", now) is True
+    assert owner_alive("elsewhere.example:1", now - HEARTBEAT_STALE_SECONDS - 1) is False
+    assert owner_alive("elsewhere.example:1", None) is None
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    sid = "file:/data/hb"
+    store = MetaStore(url)
+    rec = store.acquire(sid, "file")
+    assert rec.heartbeat_at is not None and abs(rec.heartbeat_at - time.time()) < 60
+    g = rec.generation
+    store.persist_pending(
+        sid, g, 0, b"{}", 1, rows=3, files=1, nbytes=5, batch_end_at=1.0, pre_commit_ms=1.0
+    )
+
+    def set_row(**values: object) -> None:
+        with store._tx() as conn:
+            conn.execute(update(SinkRow).where(SinkRow.sink_id == sid).values(**values))
+
+    set_row(owner="elsewhere.example:4242")  # as if the job ran on another machine
+    assert store.heartbeat(sid, g) is True
+    [s] = json.loads(_cli("status", "--metastore-url", url, "--json").stdout)
+    assert s["owner_alive"] is True and s["heartbeat_at"]
+    assert "last heartbeat of its coordinator" in _cli("status", "--metastore-url", url).stdout
+    abandon = ["abandon", "--metastore-url", url, "--sink-id", sid, "--epoch", "0"]
+    abandon += ["--reason", "test", "--accept-data-loss"]
+    res = _cli(*abandon, check=False)
+    assert res.returncode == 2, res
+    assert (
+        "elsewhere.example recorded its heartbeat" in res.stderr and "stop that job" in res.stderr
+    )
+    assert {r.epoch: r.status for r in store.epochs(sid)} == {0: "PENDING"}
+
+    set_row(heartbeat_at=time.time() - HEARTBEAT_STALE_SECONDS - 5)  # killed over there
+    [s] = json.loads(_cli("status", "--metastore-url", url, "--json").stdout)
+    assert s["owner_alive"] is False
+    assert "elsewhere.example:4242: not running" in _cli("status", "--metastore-url", url).stdout
+
+    assert store.heartbeat(sid, g, stopped=True) is True  # a clean stop clears it
+    assert store.sink(sid).heartbeat_at is None  # type: ignore[union-attr]
+    g2 = store.acquire(sid, "file").generation  # a new coordinator fences the old one
+    assert store.heartbeat(sid, g) is False
+    assert store.heartbeat(sid, g2) is True
+    set_row(owner="elsewhere.example:4242", heartbeat_at=time.time() - HEARTBEAT_STALE_SECONDS - 5)
+    store.close()
+    res = _cli(*abandon, check=False)
+    assert res.returncode == 0, res.stderr

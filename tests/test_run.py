@@ -167,6 +167,45 @@ def test_stream_stop_drains_commits(spark, tmp_path: Path) -> None:
     assert h.committed_epochs()[-1] == last
 
 
+def test_running_stream_records_its_heartbeat(
+    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a stream runs, its coordinator records a heartbeat in the sink's row (every
+    30 s; 0.2 s here), which ``eosink status`` shows; stopping the stream clears it."""
+    import eosink._protocol as protocol
+    from eosink._metastore import MetaStore
+
+    monkeypatch.setattr(protocol, "HEARTBEAT_SECONDS", 0.2)
+    inp, expected = _stream_input(tmp_path, files=2)
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    h = eosink.run(
+        _stream(spark, inp),
+        sink="file",
+        path=str(tmp_path / "out"),
+        checkpoint_location=str(tmp_path / "chk"),
+        metastore_url=url,
+        trigger={"processingTime": "200 milliseconds"},
+    )
+    store = MetaStore(url)
+    try:
+        h.process_all_available()
+        [sink] = store.sinks()
+        beats = set()
+        deadline = time.monotonic() + 30
+        while len(beats) < 3 and time.monotonic() < deadline:
+            rec = store.sink(sink.sink_id)
+            assert rec is not None and rec.heartbeat_at is not None
+            beats.add(rec.heartbeat_at)
+            time.sleep(0.1)
+        assert len(beats) >= 3, beats  # it keeps beating while the query runs
+        h.stop()
+        rec = store.sink(sink.sink_id)
+        assert rec is not None and rec.heartbeat_at is None
+    finally:
+        store.close()
+    assert read_ids(tmp_path / "out") == expected
+
+
 def test_stream_inline_commit_mode(spark, tmp_path: Path) -> None:
     inp, expected = _stream_input(tmp_path, files=2)
     out = tmp_path / "out"

@@ -35,6 +35,7 @@ class SinkRow(Base):
     updated_at: Mapped[float] = mapped_column(Float)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     last_error_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class EpochRow(Base):

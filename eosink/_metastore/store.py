@@ -60,6 +60,8 @@ __all__ = [
     "BATCH",
     "BATCH_AUTO",
     "BATCH_ORIGINS",
+    "HEARTBEAT_SECONDS",
+    "HEARTBEAT_STALE_SECONDS",
     "EpochRecord",
     "MetaStore",
     "SinkRecord",
@@ -77,6 +79,11 @@ BATCH_ORIGINS = (BATCH, BATCH_AUTO)
 """The ``origin`` values of batch runs' epochs."""
 
 T = TypeVar("T")
+
+HEARTBEAT_SECONDS = 30.0
+"""How often a running coordinator records its heartbeat in its sink's row."""
+HEARTBEAT_STALE_SECONDS = 3 * HEARTBEAT_SECONDS
+"""A heartbeat older than this: its owner stopped (killed, or its host lost)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,9 @@ class SinkRecord:
     created_at: float | None = None
     last_error: str | None = None
     last_error_at: float | None = None
+    heartbeat_at: float | None = None
+    """When the owner last said it runs (every :data:`HEARTBEAT_SECONDS`); None once it
+    stopped cleanly, or for an owner older than the heartbeat."""
 
 
 @dataclass(frozen=True)
@@ -399,6 +409,7 @@ class MetaStore:
                     plugin=plugin,
                     options_json=options_json,
                     updated_at=now,
+                    heartbeat_at=now,
                 )
             )
             if res.rowcount == 0:
@@ -417,13 +428,19 @@ class MetaStore:
                                 options_json=options_json,
                                 created_at=now,
                                 updated_at=now,
+                                heartbeat_at=now,
                             )
                         )
                 except IntegrityError:  # raced with another driver creating it
                     conn.execute(
                         update(SinkRow)
                         .where(SinkRow.sink_id == sink_id)
-                        .values(generation=SinkRow.generation + 1, owner=owner, updated_at=now)
+                        .values(
+                            generation=SinkRow.generation + 1,
+                            owner=owner,
+                            updated_at=now,
+                            heartbeat_at=now,
+                        )
                     )
             rec = self._sink(conn, sink_id)
         assert rec is not None
@@ -453,6 +470,7 @@ class MetaStore:
             created_at=row.created_at,
             last_error=row.last_error,
             last_error_at=row.last_error_at,
+            heartbeat_at=row.heartbeat_at,
         )
 
     def sink(self, sink_id: str) -> SinkRecord | None:
@@ -746,6 +764,22 @@ class MetaStore:
 
         self._retry(f"finish the abort of epoch {epoch}", run)
 
+    def heartbeat(self, sink_id: str, generation: int, *, stopped: bool = False) -> bool:
+        """Say that the owner of ``generation`` still runs (``stopped``: that it stopped
+        cleanly: the heartbeat is cleared). One try, not retried, never raises: False when
+        the store did not take it or another coordinator owns the sink now."""
+        try:
+            with self._tx() as conn:
+                res = conn.execute(
+                    update(SinkRow)
+                    .where(SinkRow.sink_id == sink_id, SinkRow.generation == generation)
+                    .values(heartbeat_at=None if stopped else time.time())
+                )
+                return bool(res.rowcount)
+        except Exception:
+            log.debug("sink %s: heartbeat not recorded", sink_id, exc_info=True)
+            return False
+
     def record_error(self, sink_id: str, message: str) -> None:
         """Keep ``message`` as the sink's last error (shown by ``eosink status``). Best
         effort, not fenced: a store that cannot take it must not hide the error itself."""
@@ -793,7 +827,12 @@ class MetaStore:
                 conn.execute(
                     update(SinkRow)
                     .where(SinkRow.sink_id == sink_id)
-                    .values(generation=SinkRow.generation + 1, owner=by, updated_at=now)
+                    .values(
+                        generation=SinkRow.generation + 1,
+                        owner=by,
+                        updated_at=now,
+                        heartbeat_at=None,
+                    )
                 )
                 if row.status == PENDING:
                     conn.execute(
