@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._staging import is_connect
+from .util import fsync_path as fsync_path
 
 LINEAGE_FILE = "eosink-lineage.json"
 
@@ -307,12 +308,3 @@ class CheckpointDir:
         lineage = uuid.uuid4().hex
         self.write_bytes(LINEAGE_FILE, json.dumps({"lineage": lineage}).encode())
         return lineage
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a directory: the names created or renamed in it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

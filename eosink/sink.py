@@ -34,6 +34,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 
 from .errors import ConfigError, MissingExtraError
+from .util import is_secret_name, redact
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -503,8 +504,6 @@ def _importable(module: str) -> bool:
 
 
 # -- option errors ---------------------------------------------------------------------------
-_SECRET_NAME = re.compile(r"secret|passw|pwd|token|credential|key|auth|private", re.I)
-_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")
 _HIDDEN = "*** (hidden)"
 _PREFIXES = ("Value error, ", "Assertion failed, ")
 
@@ -539,7 +538,7 @@ def _is_secret(model: type[BaseModel], loc: Sequence[Any]) -> bool:
     declared with ``repr=False``, or a field or key named like a credential."""
     current: type[BaseModel] | None = model
     for part in loc:
-        if isinstance(part, str) and _SECRET_NAME.search(part):
+        if isinstance(part, str) and is_secret_name(part):
             return True
         info = _field_named(current, str(part)) if current is not None else None
         if info is not None:
@@ -553,13 +552,13 @@ def _mask(value: Any) -> Any:
     """``value`` with credential-named keys of mappings hidden and URL passwords removed."""
     if isinstance(value, Mapping):
         return {
-            k: _HIDDEN if isinstance(k, str) and _SECRET_NAME.search(k) else _mask(v)
+            k: _HIDDEN if isinstance(k, str) and is_secret_name(k) else _mask(v)
             for k, v in value.items()
         }
     if isinstance(value, (list, tuple)):
         return type(value)(_mask(v) for v in value)
     if isinstance(value, str):
-        return _URL_PASSWORD.sub(r"\1***@", value)
+        return redact(value)
     return value
 
 

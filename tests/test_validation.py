@@ -424,3 +424,47 @@ def test_spark_session_refuses_a_connect_url_as_master() -> None:
         eosink.spark_session(master="sc://h:15002")
     with pytest.raises(ConfigError, match="drop master="):
         eosink.spark_session(master="local[1]", remote="sc://h:15002")
+
+
+def test_one_redaction_helper_for_core_and_plugins() -> None:
+    """eosink.util.redact (pure logic): values of credential-named settings, passwords of
+    URLs among the settings (as written and percent-decoded) and of URLs in the text. The
+    kafka and iceberg sinks redact through it; names like ``keys`` or ``order_by``
+    are not taken for credentials, ``key``, ``ssl.key.pem`` and ``s3.access-key-id`` are."""
+    from eosink_iceberg.options import IcebergSinkOptions
+    from eosink_iceberg.options import redact as iceberg_redact
+    from eosink_kafka.options import KafkaSinkOptions
+    from eosink_kafka.options import redact as kafka_redact
+
+    from eosink.util import is_secret_name, redact
+
+    for name in (
+        "password",
+        "sasl.password",
+        "s3.secret-access-key",
+        "s3.access-key-id",
+        "token",
+        "key",
+        "ssl.key.pem",
+        "api_key",
+        "sasl.jaas.config",
+        "credential",
+    ):
+        assert is_secret_name(name), name
+    for name in ("keys", "path", "topic", "compression.type", "bootstrap_servers", "order_by"):
+        assert not is_secret_name(name), name
+    settings = {"sasl.password": "hunter22", "uri": "postgresql://u:p%40ss@db/x", "abc": "lz4"}
+    text = "auth failed for hunter22 at postgresql://u:p%40ss@db/x (p@ss) with lz4"
+    out = redact(text, settings)
+    assert "hunter22" not in out and "p%40ss" not in out and "p@ss" not in out
+    assert "lz4" in out and "postgresql://u:***@db/x" in out
+    assert redact("see https://me:topsecret@host/p") == "see https://me:***@host/p"
+    k = KafkaSinkOptions(
+        bootstrap_servers="b:9092", topic="t", producer_config={"sasl.password": "hunter22"}
+    )
+    assert kafka_redact("no hunter22 here", k) == "no *** here"
+    i = IcebergSinkOptions(
+        table="db.t",
+        catalog={"type": "sql", "uri": "postgresql://u:pw1234@h/x", "token": "tok-en-1"},
+    )
+    assert iceberg_redact("pw1234 tok-en-1", i) == "*** ***"

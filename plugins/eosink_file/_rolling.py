@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eosink import SinkError, fault_point
-from eosink._checkpoint import fsync_path
+from eosink.util import fsync_path
 
 from ._s3 import MIN_PART_BYTES, S3Store, local_tmp_dir
 

@@ -78,6 +78,7 @@ from eosink import (
     WriterContext,
     fault_point,
 )
+from eosink.util import sink_key
 
 from ._hadoop import HadoopStore, java_message, spark_session
 from ._rolling import Roller, fsync_path, manifest, piece_ext
@@ -472,10 +473,6 @@ def schema_id(kind: str, columns: Sequence[tuple[str, str]]) -> str:
     Pieces of one open file must share it: a rolling slot whose columns change rolls first.
     """
     return hashlib.sha1(json.dumps([kind, list(columns)]).encode()).hexdigest()[:12]
-
-
-def sink_key(sink_id: str) -> str:
-    return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
 
 
 def layout_of(opts: FileSinkOptions) -> dict[str, Any]:

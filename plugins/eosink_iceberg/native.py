@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 
 from eosink import SchemaMismatchError, SinkError
+from eosink.util import fsync_path
 
 from . import _compat
 from .datafiles import data_file_to_json, native_dir_name
@@ -461,7 +462,7 @@ def _data_files(
 
     def footer(rel: str) -> Any:
         if local:  # Spark's writers do not fsync: the files are durable before PENDING
-            _fsync(f"{root}/{rel}")
+            fsync_path(f"{root}/{rel}")
         with filesystem.open_input_file(f"{root}/{rel}") as fh:
             return pq.read_metadata(fh)
 
@@ -473,8 +474,8 @@ def _data_files(
                 parts_of = rel.split("/")[:-1]
                 dirs |= {"/".join([root, *parts_of[: i + 1]]) for i in range(len(parts_of))}
             for d in sorted(dirs, key=lambda x: -x.count("/")):
-                _fsync(d)
-            _fsync(root.rsplit("/", 1)[0])
+                fsync_path(d)
+            fsync_path(root.rsplit("/", 1)[0])
     spec_id = metadata.default_spec_id
     out = []
     for (rel, size), meta in zip(found, footers, strict=True):
@@ -490,17 +491,6 @@ def _data_files(
         except Exception:  # an orphan of the epoch: swept after its commit
             pass
     return out
-
-
-def _fsync(path: str) -> None:
-    """fsync a local file or directory."""
-    import os
-
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _partition_record(rel: str, parts: list[_Part], footer: Any) -> tuple[Any, ...]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -14,8 +13,6 @@ from eosink import MissingExtraError, SinkError
 from .transforms import PartitionTerm, parse_partition_by
 
 __all__ = ["IcebergSinkOptions", "load_catalog", "redact", "require_pyiceberg"]
-
-_SECRET_KEYS = re.compile(r"secret|password|token|credential|key", re.I)
 
 
 def require_pyiceberg() -> None:
@@ -90,22 +87,10 @@ class IcebergSinkOptions(BaseModel):
 
 
 def redact(text: str, opts: IcebergSinkOptions) -> str:
-    """``text`` without any secret of the catalog properties (keys and URL passwords)."""
-    from urllib.parse import unquote, urlsplit
+    """``text`` without any secret of the catalog properties (:func:`eosink.util.redact`)."""
+    from eosink.util import redact as _redact
 
-    for k, v in opts.catalog.items():
-        if not v:
-            continue
-        if len(v) >= 4 and _SECRET_KEYS.search(k):
-            text = text.replace(v, "***")
-        if "://" in v and "@" in v:
-            try:
-                pw = urlsplit(v).password
-            except ValueError:
-                pw = None
-            if pw:
-                text = text.replace(pw, "***").replace(unquote(pw), "***")
-    return text
+    return _redact(text, opts.catalog)
 
 
 def load_catalog(opts: IcebergSinkOptions) -> Any:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from eosink._s3 import S3Options, is_s3, normalize_s3, split_s3
+from eosink.util import redact as _redact
+from eosink.util import sink_key as sink_key
 
 __all__ = [
     "COLUMNS",
@@ -30,16 +30,10 @@ _OWNED = {
     "bootstrap.servers": "pass bootstrap_servers=",
     "delivery.report.only.error": "the sink sets it",
 }
-_SECRET_KEYS = re.compile(r"password|secret|token|credential|(^|\.)key($|\.)|pem|jaas", re.I)
 
 # What the sink assumes a producer sends at the least: a chunk must fit in the transaction
 # timeout at this rate (checked when the options are read).
 MIN_RATE_BYTES_PER_S = 1024 * 1024
-
-
-def sink_key(sink_id: str) -> str:
-    """16 hex digits naming the sink in transactional ids, marker keys and staging paths."""
-    return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
 
 
 class KafkaSinkOptions(S3Options):
@@ -227,11 +221,8 @@ def _json_dict(v: str) -> dict[str, Any]:
 
 
 def redact(text: str, opts: KafkaSinkOptions) -> str:
-    """``text`` without the values of credential-like producer settings."""
-    for k, v in opts.producer_config.items():
-        if _SECRET_KEYS.search(k) and isinstance(v, str) and len(v) >= 4:
-            text = text.replace(v, "***")
-    return text
+    """``text`` without the secrets of ``producer_config`` (:func:`eosink.util.redact`)."""
+    return _redact(text, opts.producer_config)
 
 
 def check_columns(names: list[str]) -> None:

@@ -33,8 +33,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eosink import ConfigError, CoordinatedSinkWriter, SinkError, WriterContext
-from eosink._checkpoint import fsync_path
 from eosink._s3 import local_tmp_dir, s3_client, split_s3
+from eosink.util import fsync_path
 
 from .options import COLUMNS, KafkaSinkOptions, sink_key
 

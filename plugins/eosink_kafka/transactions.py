@@ -34,8 +34,9 @@ from eosink import (
     SinkError,
     fault_point,
 )
+from eosink.util import is_secret_name
 
-from .options import _SECRET_KEYS, KafkaSinkOptions, redact
+from .options import KafkaSinkOptions, redact
 
 __all__ = ["Admin", "Slot", "check_producer_config", "covered", "read_markers"]
 
@@ -126,7 +127,7 @@ def check_producer_config(opts: KafkaSinkOptions) -> None:
 
     def shown(k: str) -> str:
         v = opts.producer_config[k]
-        return f"{k}=***" if _SECRET_KEYS.search(k) else f"{k}={v!r}"
+        return f"{k}=***" if is_secret_name(k) else f"{k}={v!r}"
 
     what = (
         ", ".join(shown(k) for k in bad)

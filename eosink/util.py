@@ -1,0 +1,75 @@
+"""Helpers for sink plugins: the ones every built-in sink uses, so that a third-party sink
+behaves the same way (secrets never printed, durable local files, stable short names).
+
+* :func:`redact` removes secrets from a message before it is raised or logged.
+* :func:`is_secret_name` tells whether a setting's name looks like a credential.
+* :func:`fsync_path` makes a local file, or the names in a directory, durable.
+* :func:`sink_key` is a short, stable name of a sink id for file names, transactional ids
+  and marker keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["fsync_path", "is_secret_name", "redact", "sink_key"]
+
+_SECRET_NAME = re.compile(
+    r"secret|passw|pwd|token|credential|(^|[._-])key($|[._-])|auth|private|pem|jaas", re.I
+)
+_MIN_SECRET_LEN = 4
+"""Shorter values are not replaced in messages (they would mangle ordinary words)."""
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a setting named ``name`` may hold a credential (``password``,
+    ``sasl.password``, ``s3.secret-access-key``, ``token``, ``ssl.key.pem``, ``key``...)."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact(text: str, settings: Mapping[str, Any] | None = None) -> str:
+    """``text`` without the secrets of ``settings``.
+
+    Replaced by ``***``: the values (strings of 4 characters or more) of settings whose
+    name :func:`is_secret_name`, and the password of any URL among the values (as written
+    and percent-decoded); also the password of any ``scheme://user:password@`` URL written
+    in ``text`` itself. Apply it to every message that may quote a setting, a URL or a
+    client library's error before raising or logging it.
+    """
+    for k, v in (settings or {}).items():
+        if not isinstance(v, str) or not v:
+            continue
+        if len(v) >= _MIN_SECRET_LEN and is_secret_name(str(k)):
+            text = text.replace(v, "***")
+        if "://" in v and "@" in v:
+            try:
+                pw = urlsplit(v).password
+            except ValueError:
+                pw = None
+            if pw:
+                text = text.replace(pw, "***").replace(unquote(pw), "***")
+    return _URL_PASSWORD.sub(r"\1***@", text)
+
+
+_URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync a local file, or a directory (the names created or renamed in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sink_key(sink_id: str) -> str:
+    """16 hex digits naming the sink (the first 64 bits of the SHA-1 of ``sink_id``):
+    stable across versions, so names built from it are found again by later runs."""
+    return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
