@@ -169,7 +169,7 @@ def _tables(url: str) -> set[str] | None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from ._metastore import ABORTED, COMMITTED, PENDING
+    from ._metastore import ABORTED, COMMITTED, DROPPED_OPEN_FILE, PENDING
 
     store = _store(args.metastore_url)
     try:
@@ -222,7 +222,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                             "reason": x.reason,
                             "recorded_by": x.recorded_by,
                             "recorded_at": _iso(x.recorded_at),
-                            "written_again": again is not None and again.status == COMMITTED,
+                            "written_again": x.origin != DROPPED_OPEN_FILE
+                            and again is not None
+                            and again.status == COMMITTED,
                         }
                         for x in losses
                         for again in [store.epoch(s.sink_id, x.epoch)]
@@ -471,10 +473,21 @@ def cmd_recover(args: argparse.Namespace) -> int:
         before = {r.epoch: r.status for r in store.epochs(setup.sink_id, (PENDING, ABORTED))}
     finally:
         store.close()
+    if args.drop_lost_open_files and not (args.accept_data_loss and args.reason):
+        print(
+            "eosink recover: --drop-lost-open-files gives up the rows of the open files it "
+            "drops (recorded as known losses, shown by `eosink status`): run again with "
+            "--reason and --accept-data-loss",
+            file=sys.stderr,
+        )
+        return 2
     rt = open_runtime(setup)  # fences every other coordinator; the sink's init runs
+    dropped: list[dict[str, Any]] = []
     try:
         rt.use_batch_journal()  # a crashed batch run's epoch known only beside the target
         rt.recover(first_epoch=0)  # lineage "batch": every PENDING epoch is complete data
+        if args.drop_lost_open_files:
+            dropped = _drop_lost_open_files(rt, args.reason)
         rolled = rt.roll(everything=True)
         after = {r.epoch: r.status for r in rt.store.epochs(setup.sink_id)}
     finally:
@@ -486,21 +499,63 @@ def cmd_recover(args: argparse.Namespace) -> int:
     print(
         f"sink {setup.sink_id}: committed the PENDING epoch(s) {committed or 'none'}; finished "
         f"the abort of {aborted or 'none'}; deleted staged data without a committable"
+        + (f"; dropped {len(dropped)} lost open file(s)" if dropped else "")
         + (f"; published {rolled} open file(s)" if rolled else "")
         + (f"; still not finished: {left} (see `eosink status`)" if left else "")
     )
     return 1 if left else 0
 
 
+def _drop_lost_open_files(rt: Any, reason: str) -> list[dict[str, Any]]:
+    """Drop the sink's open files whose committed rows can no longer be published, and
+    record their rows as known losses (one per last epoch of a file's epochs)."""
+    from ._metastore import DROPPED_OPEN_FILE, PENDING
+
+    drop = getattr(rt.coordinator, "drop_lost_open_files", None)
+    if drop is None:
+        raise ConfigError(
+            f"--drop-lost-open-files: sink {rt.sink_id} ({rt.plugin.name}) has no open files"
+        )
+    if rt.store.epochs(rt.sink_id, (PENDING,)):
+        raise ConfigError(
+            f"--drop-lost-open-files: sink {rt.sink_id} still has PENDING epochs that could "
+            "not be committed (see `eosink status`); if one of them fails on a lost open "
+            "file, abandon it first (`eosink abandon`), then run this again"
+        )
+    dropped: list[dict[str, Any]] = drop()
+    by = f"{getpass.getuser()}@{socket.gethostname()} (eosink recover --drop-lost-open-files)"
+    for d in dropped:
+        rt.store.record_loss(
+            rt.sink_id,
+            d["end"],
+            rows=d["rows"],
+            files=1,
+            nbytes=d["bytes"],
+            origin=DROPPED_OPEN_FILE,
+            reason=f"{reason}: open file {d['final']} of epochs {d['start']}..{d['end']} "
+            f"dropped, {d['why']}",
+            by=by,
+        )
+        print(
+            f"dropped the open file {d['final']} (epochs {d['start']}..{d['end']}, "
+            f"{d['rows']} rows): {d['why']}; recorded as a known loss"
+        )
+    if not dropped:
+        print("no open file has lost data: nothing dropped")
+    return dropped
+
+
 def _run_label(origin: str | None) -> str:
     """What wrote an epoch: a batch run (explicit epoch), a batch run without epoch=, or a
     stream (its lineage's first 8 characters)."""
-    from ._metastore import BATCH, BATCH_AUTO
+    from ._metastore import BATCH, BATCH_AUTO, DROPPED_OPEN_FILE
 
     if origin == BATCH:
         return "batch"
     if origin == BATCH_AUTO:
         return "batch (auto epoch)"
+    if origin == DROPPED_OPEN_FILE:
+        return "dropped open file"
     return f"stream {origin[:8]}" if origin else "-"
 
 
@@ -604,6 +659,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="a sink option, as the job gives it (VALUE in JSON, or a string); repeatable",
     )
     sp.add_argument("--options-json", help="the sink's options as one JSON object")
+    sp.add_argument(
+        "--drop-lost-open-files",
+        action="store_true",
+        help="file sink: drop the open rolling files whose committed rows were destroyed "
+        "outside eosink (an S3 upload aborted, staged data deleted), recorded as known "
+        "losses; needs --reason and --accept-data-loss",
+    )
+    sp.add_argument("--reason", help="--drop-lost-open-files: why, kept with the losses")
+    sp.add_argument(
+        "--accept-data-loss",
+        action="store_true",
+        help="--drop-lost-open-files: confirm that the rows of those files are given up",
+    )
     sp.set_defaults(fn=cmd_recover)
 
     sp = sub.add_parser("db", help="meta store schema")

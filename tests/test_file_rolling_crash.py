@@ -25,6 +25,7 @@ JSON cases the Python writers.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections import Counter
@@ -338,6 +339,35 @@ def test_upload_aborted_behind_eosinks_back(tmp_path: Path, s3_location: Any) ->
     errors = _sink_errors(job.last_log())
     assert errors, f"no SinkError:\n{job.last_log()}"
     assert any(name in e for e in errors), (name, errors)
+    # The sink is stuck until an operator drops the lost file (a known loss).
+    from eosink._cli import main as cli
+
+    args = ["recover", "--sink", "file", "--sink-id", job.sink_id, "--metastore-url", job.metastore]
+    args += ["--options-json", json.dumps({**job.sink_options, "format": "json"})]
+    assert cli([*args, "--drop-lost-open-files"]) == 2  # --reason and --accept-data-loss
+    assert (
+        cli([*args, "--drop-lost-open-files", "--reason", "lifecycle rule", "--accept-data-loss"])
+        == 0
+    )
+    from eosink._metastore import MetaStore
+
+    store = MetaStore(job.metastore)
+    try:
+        [loss] = store.losses(job.sink_id)
+    finally:
+        store.close()
+    assert loss.origin == "dropped-open-file" and name in loss.reason, loss
+    assert "lifecycle rule" in loss.reason and loss.rows > 0
+    # The sink goes on: the stream's next run writes what was not checkpointed yet.
+    assert job.run() == 0, job.last_log()
+    rows = read_output_rows(out, "json")
+    ids = [int(r["id"]) for r in rows]
+    assert len(ids) == len(set(ids)), "a row was published twice"
+    assert set(ids) <= set(expected)
+    # What is missing is exactly what the dropped file held, as recorded.
+    assert len(ids) + loss.rows == len(expected), (len(ids), loss.rows, len(expected))
+    assert out.staged() == [] and out.open_uploads() == []
+    assert epoch_states(job.metastore, job.sink_id).keys() == {"COMMITTED"}
 
 
 def test_rolling_random_kills(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ __all__ = [
     "BATCH",
     "BATCH_AUTO",
     "BATCH_ORIGINS",
+    "DROPPED_OPEN_FILE",
     "HEARTBEAT_SECONDS",
     "HEARTBEAT_STALE_SECONDS",
     "EpochRecord",
@@ -77,6 +78,9 @@ BATCH_AUTO = "batch-auto"
 """``origin`` of an epoch a batch run without ``epoch=`` got (the next free one)."""
 BATCH_ORIGINS = (BATCH, BATCH_AUTO)
 """The ``origin`` values of batch runs' epochs."""
+DROPPED_OPEN_FILE = "dropped-open-file"
+"""``origin`` of a loss recorded by ``eosink recover --drop-lost-open-files``: rows of
+committed epochs whose open rolling file was destroyed outside eosink."""
 
 T = TypeVar("T")
 
@@ -859,6 +863,67 @@ class MetaStore:
                 return loss
 
         return self._retry(f"abandon epoch {epoch}", run)
+
+    def record_loss(
+        self,
+        sink_id: str,
+        epoch: int,
+        *,
+        rows: int,
+        files: int,
+        nbytes: int,
+        origin: str,
+        reason: str,
+        by: str,
+    ) -> LossRecord:
+        """Record rows of a COMMITTED epoch that an operator gave up after the fact (an open
+        rolling file whose staged data was destroyed outside eosink), shown by ``status``
+        as a known loss like an abandoned epoch. A second loss of the same epoch is added to
+        the first (rows, files and bytes summed, reasons joined)."""
+
+        def run(_: int) -> LossRecord:
+            now = time.time()
+            with self._tx() as conn:
+                known = conn.execute(
+                    select(LossRow.__table__).where(
+                        LossRow.sink_id == sink_id, LossRow.epoch == epoch
+                    )
+                ).one_or_none()
+                if known is None:
+                    conn.execute(
+                        insert(LossRow).values(
+                            sink_id=sink_id,
+                            epoch=epoch,
+                            rows=rows,
+                            files=files,
+                            nbytes=nbytes,
+                            origin=origin,
+                            reason=reason,
+                            recorded_by=by,
+                            recorded_at=now,
+                        )
+                    )
+                else:
+                    conn.execute(
+                        update(LossRow)
+                        .where(LossRow.sink_id == sink_id, LossRow.epoch == epoch)
+                        .values(
+                            rows=LossRow.rows + rows,
+                            files=LossRow.files + files,
+                            nbytes=LossRow.nbytes + nbytes,
+                            reason=(known.reason + "; " + reason)[:8000],
+                            recorded_by=by,
+                            recorded_at=now,
+                        )
+                    )
+                row = conn.execute(
+                    select(LossRow.__table__).where(
+                        LossRow.sink_id == sink_id, LossRow.epoch == epoch
+                    )
+                ).one()
+                return self._loss(row)
+
+        return self._retry(f"record a loss of epoch {epoch}", run)
 
     @staticmethod
     def _loss(row: Any) -> LossRecord:

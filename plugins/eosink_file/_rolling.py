@@ -496,7 +496,9 @@ class Roller:
                 f"the in-progress file {self._path(slot['inprogress'])} of the open file "
                 f"{slot['final']} (epochs {slot['start']}..{slot['end']}) has {size} bytes, "
                 f"not the {want} committed into it: it was truncated or replaced outside "
-                "eosink, and the rows of those epochs cannot be published"
+                "eosink, and the rows of those epochs cannot be published: stop the job and "
+                "run `eosink recover --drop-lost-open-files` (docs/cli.md) to record the "
+                "loss and let the sink go on"
             )
         if size > want:
             fh.truncate(want)  # what an epoch that was never committed appended
@@ -694,6 +696,82 @@ class Roller:
                 up = s.get("upload")
                 if up and up["id"] not in base_uploads:
                     self.s3.abort_upload(s["final"], up["id"])
+
+    # -- an operator's way out -----------------------------------------------------------------
+    def _lost(self, slot: dict[str, Any]) -> str | None:
+        """Why an open slot's committed data can no longer be published, or None."""
+        up = slot.get("upload")
+        if self.s3 is not None and up and not self.s3.upload_exists(slot["final"], up["id"]):
+            return f"its multipart upload (id {str(up['id'])[:16]}...) was aborted outside eosink"
+        if slot.get("inprogress"):
+            have = self._exists(slot["inprogress"])
+            if have is None or have < int(slot["bytes"]):
+                return (
+                    f"its in-progress file {slot['inprogress']} has "
+                    f"{'gone' if have is None else f'{have} bytes'}, not the {slot['bytes']} "
+                    "committed into it"
+                )
+        missing = [p["staged"] for p in slot["pieces"] if self._exists(p["staged"]) is None]
+        if missing:
+            return f"{len(missing)} of its staged pieces are missing ({missing[0]}...)"
+        return None
+
+    def drop_lost(self) -> list[dict[str, Any]]:
+        """Drop the open files whose committed data can no longer be published (an S3
+        upload aborted outside eosink, an in-progress file truncated or deleted, a staged
+        piece deleted): their slots leave the stored state and what is left of their staged
+        data is deleted, so that the sink goes on; the rows are lost. Returns, per dropped
+        file: ``final``, ``start``, ``end``, ``rows``, ``bytes`` and ``why``. Runs only
+        when no epoch of this process is in flight (after recovery)."""
+        with self.lock:
+            if self.inflight:
+                raise SinkError(
+                    "open files cannot be dropped while epochs are in flight; finish or "
+                    "abandon the PENDING epochs first"
+                )
+            self._settle()
+            state = copy.deepcopy(self.committed)
+            lost = []
+            for sid in sorted(state["slots"]):
+                why = self._lost(state["slots"][sid])
+                if why is not None:
+                    lost.append((sid, why))
+            if not lost:
+                return []
+            state["seq"] = int(state["seq"]) + 1
+            out: list[dict[str, Any]] = []
+            victims: list[str] = []
+            for sid, why in lost:
+                slot = state["slots"].pop(sid)
+                victims += self._slot_files(slot)
+                log.warning(
+                    "file sink: dropping the open file %s (epochs %d..%d, %d rows): %s",
+                    slot["final"],
+                    slot["start"],
+                    slot["end"],
+                    slot["rows"],
+                    why,
+                )
+                out.append(
+                    {
+                        "final": slot["final"],
+                        "start": int(slot["start"]),
+                        "end": int(slot["end"]),
+                        "rows": int(slot["rows"]),
+                        "bytes": int(slot["bytes"]),
+                        "why": why,
+                        "upload": slot.get("upload"),
+                    }
+                )
+            self.store_state(state)
+            self.committed = state
+            self.head = copy.deepcopy(state)
+            self._delete(victims)
+            if self.s3 is not None:
+                for d in out:
+                    if d["upload"]:  # gone already, or half-gone on some servers
+                        self.s3.abort_upload(d["final"], d["upload"]["id"])
+            return out
 
     # -- rolls between epochs ----------------------------------------------------------------
     def roll(self, everything: bool, last_epoch: int) -> list[dict[str, Any]]:

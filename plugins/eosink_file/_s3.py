@@ -248,8 +248,9 @@ class S3Store:
             f"the multipart upload of {self.url(rel)} (upload id {upload_id[:16]}...) was "
             "aborted outside eosink (a bucket lifecycle rule for incomplete uploads?): the "
             "rows already in its parts are lost from S3 and none of them was published. "
-            "Restore them from the source, and make the lifecycle rule longer than the "
-            "sink's rolling interval"
+            "Stop the job and run `eosink recover --drop-lost-open-files` (docs/cli.md) to "
+            "record the loss and let the sink go on; restore the rows from the source, and "
+            "make the lifecycle rule longer than the sink's rolling interval"
         )
 
     def upload_part(self, rel: str, upload_id: str, n: int, data: bytes) -> Part:
@@ -333,8 +334,10 @@ class S3Store:
             f"the multipart upload of {self.url(rel)} (upload id {upload_id[:16]}...) is gone "
             f"and the object is {'missing' if have is None else f'{have} bytes, not {size}'}: "
             "it was aborted outside eosink (a bucket lifecycle rule for incomplete uploads?). "
-            "Its rows are lost from S3 and nothing of it was published; restore them from the "
-            "source and make the lifecycle rule longer than the sink's rolling interval"
+            "Its rows are lost from S3 and nothing of it was published: stop the job and run "
+            "`eosink recover --drop-lost-open-files` (docs/cli.md) to record the loss and let "
+            "the sink go on; restore the rows from the source and make the lifecycle rule "
+            "longer than the sink's rolling interval"
         )
 
     def abort_upload(self, rel: str, upload_id: str) -> None:

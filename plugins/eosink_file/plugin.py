@@ -1440,6 +1440,11 @@ class FileCoordinator(
     def next_roll_in(self) -> float | None:
         return self.roller.next_roll_in()
 
+    def drop_lost_open_files(self) -> list[dict[str, Any]]:
+        """``eosink recover --drop-lost-open-files``: drop the open rolling files whose
+        committed rows can no longer be published (:meth:`Roller.drop_lost`)."""
+        return self.roller.drop_lost()
+
 
 _CHUNK = 8 * 1024 * 1024
 
