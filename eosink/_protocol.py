@@ -300,7 +300,6 @@ class SinkRuntime:
             self.adopted_last = marked
         rec = self.store.acquire(sid, self.plugin.name, None)
         self.generation = rec.generation
-        self._heartbeat = Heartbeat(self.store, sid, rec.generation)
         if self.adopted_last is not None and marker is not None:
             log.warning(
                 "sink %s: meta store %s has no record of this sink, but its target holds "
@@ -327,6 +326,9 @@ class SinkRuntime:
             self.store.set_target(sid, self.generation, target)
         self._marker = marker
         self.write_marker()
+        # Last: a start that failed leaves no thread behind (acquire recorded a heartbeat,
+        # which goes stale).
+        self._heartbeat = Heartbeat(self.store, sid, self.generation)
         log.info(
             "sink %s: coordinator started (plugin %s, generation %d, meta store %s)",
             sid,
