@@ -821,11 +821,7 @@ class MetaStore:
                         + ("is COMMITTED" if row is not None else "unknown to this meta store")
                         + "; only a PENDING or ABORTED epoch can be abandoned"
                     )
-                known = conn.execute(
-                    select(LossRow.__table__).where(
-                        LossRow.sink_id == sink_id, LossRow.epoch == epoch
-                    )
-                ).one_or_none()
+                known = self._loss_row(conn, sink_id, epoch)
                 if known is not None:  # abandoned before (or by a lost answer's attempt)
                     return self._loss(known)
                 conn.execute(
@@ -884,11 +880,7 @@ class MetaStore:
         def run(_: int) -> LossRecord:
             now = time.time()
             with self._tx() as conn:
-                known = conn.execute(
-                    select(LossRow.__table__).where(
-                        LossRow.sink_id == sink_id, LossRow.epoch == epoch
-                    )
-                ).one_or_none()
+                known = self._loss_row(conn, sink_id, epoch)
                 if known is None:
                     conn.execute(
                         insert(LossRow).values(
@@ -916,14 +908,18 @@ class MetaStore:
                             recorded_at=now,
                         )
                     )
-                row = conn.execute(
-                    select(LossRow.__table__).where(
-                        LossRow.sink_id == sink_id, LossRow.epoch == epoch
-                    )
-                ).one()
+                row = self._loss_row(conn, sink_id, epoch)
+                assert row is not None
                 return self._loss(row)
 
         return self._retry(f"record a loss of epoch {epoch}", run)
+
+    @staticmethod
+    def _loss_row(conn: Connection, sink_id: str, epoch: int) -> Any:
+        """The ``eosink_loss`` row of an epoch, or None."""
+        return conn.execute(
+            select(LossRow.__table__).where(LossRow.sink_id == sink_id, LossRow.epoch == epoch)
+        ).one_or_none()
 
     @staticmethod
     def _loss(row: Any) -> LossRecord:

@@ -462,6 +462,16 @@ class Slot:
         except (KafkaException, SystemError) as exc:
             self._failed(exc, -1, -1)
 
+    def _ask_producer(self) -> KafkaException | None:
+        """Abort the producer's transaction; the Kafka error that raises, if any (on a fenced
+        or fatal producer: the error that made it so)."""
+        try:
+            if self.producer is not None:
+                self.producer.abort_transaction(self.opts.timeout_seconds)
+        except (KafkaException, SystemError) as probe:
+            return _kafka_exception(probe)
+        return None
+
     def _failed(self, exc: BaseException, epoch: int, index: int) -> None:
         kafka_exc = _kafka_exception(exc)
         if kafka_exc is None:
@@ -469,11 +479,7 @@ class Slot:
             # "flush returned NULL without setting an exception" when the producer turned
             # fatal). Ask the producer: aborting a fenced producer's transaction raises the
             # fence; otherwise the transaction is aborted and the failure is transient.
-            try:
-                if self.producer is not None:
-                    self.producer.abort_transaction(self.opts.timeout_seconds)
-            except (KafkaException, SystemError) as probe:
-                kafka_exc = _kafka_exception(probe)
+            kafka_exc = self._ask_producer()
         if kafka_exc is None:
             where = f"{self.transactional_id} epoch {epoch} chunk {index}"
             self.close()
@@ -487,12 +493,9 @@ class Slot:
             # The producer turned fatal in the background (e.g. fenced while this chunk was
             # produced): produce() and delivery reports then only say "Local: Fatal error".
             # A transactional call on a fatal producer returns the error that made it fatal.
-            try:
-                self.producer.abort_transaction(self.opts.timeout_seconds)
-            except (KafkaException, SystemError) as probe:
-                cause = _kafka_exception(probe)
-                if cause is not None and _err(cause) is not None:
-                    exc, err = cause, _err(cause)
+            cause = self._ask_producer()
+            if cause is not None and _err(cause) is not None:
+                exc, err = cause, _err(cause)
         where = f"{self.transactional_id} epoch {epoch} chunk {index}"
         code = err.code() if err is not None else None
         if code in _FENCED:
