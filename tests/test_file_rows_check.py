@@ -160,7 +160,7 @@ def test_rows_check_counts_records_exactly(tmp_path: Path) -> None:
     import bz2
     import gzip
 
-    from eosink_file import plugin
+    from eosink_file import committed
 
     def csv_field(v: str) -> str:
         return '"' + v.replace('"', '""') + '"' if any(c in v for c in ',"\n') else v
@@ -169,25 +169,25 @@ def test_rows_check_counts_records_exactly(tmp_path: Path) -> None:
     text = "id,name\n" + "".join(f"{i},{csv_field(v)}\n" for i, v in enumerate(values))
     p = tmp_path / "a.csv"
     p.write_text(text)
-    assert plugin._records(p, "csv", {}) == (2000, True)
-    old = plugin._CHUNK
+    assert committed._records(p, "csv", {}) == (2000, True)
+    old = committed._CHUNK
     try:
-        plugin._CHUNK = 7  # quoted values and doubled quotes cut by chunk ends
-        assert plugin._records(p, "csv", {}) == (2000, True)
+        committed._CHUNK = 7  # quoted values and doubled quotes cut by chunk ends
+        assert committed._records(p, "csv", {}) == (2000, True)
     finally:
-        plugin._CHUNK = old
+        committed._CHUNK = old
     body = text.split("\n", 1)[1]
     two = gzip.compress(text.encode()) + gzip.compress(body.encode())  # two gzip members
     (tmp_path / "b.csv.gz").write_bytes(two)
-    assert plugin._records(tmp_path / "b.csv.gz", "csv", {}) == (4000, True)
+    assert committed._records(tmp_path / "b.csv.gz", "csv", {}) == (4000, True)
     (tmp_path / "c.csv.bz2").write_bytes(bz2.compress(text.encode()))
-    assert plugin._records(tmp_path / "c.csv.bz2", "csv", {"HEADER": "false"}) == (2001, True)
-    assert plugin._records(p, "csv", {"escape": "\\"}) == (text.count("\n") - 1, False)
+    assert committed._records(tmp_path / "c.csv.bz2", "csv", {"HEADER": "false"}) == (2001, True)
+    assert committed._records(p, "csv", {"escape": "\\"}) == (text.count("\n") - 1, False)
     rows = [json.dumps({"id": i, "v": values[i]}) for i in range(2000)]
     (tmp_path / "d.json").write_text("\x1e".join(rows) + "\x1e")
-    assert plugin._records(tmp_path / "d.json", "json", {"lineSep": "\x1e"}) == (2000, True)
+    assert committed._records(tmp_path / "d.json", "json", {"lineSep": "\x1e"}) == (2000, True)
     (tmp_path / "e.txt").write_text("".join(v + "\n" for v in values))
-    n, exact = plugin._records(tmp_path / "e.txt", "text", {})
+    n, exact = committed._records(tmp_path / "e.txt", "text", {})
     assert n is not None and n > 2000 and not exact
     (tmp_path / "f.json.zst").write_bytes(b"x")
-    assert plugin._records(tmp_path / "f.json.zst", "json", {}) == (None, False)
+    assert committed._records(tmp_path / "f.json.zst", "json", {}) == (None, False)

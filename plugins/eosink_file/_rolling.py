@@ -45,7 +45,7 @@ from eosink.util import fsync_path
 from ._s3 import MIN_PART_BYTES, S3Store, local_tmp_dir
 
 if TYPE_CHECKING:
-    from .plugin import FileSinkOptions
+    from .options import FileSinkOptions
 
 log = logging.getLogger("eosink.file")
 
@@ -832,7 +832,7 @@ class Roller:
 
 
 def manifest(epoch: int, sealed: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """A roll's manifest: what :func:`eosink_file.plugin.committed_files` reads."""
+    """A roll's manifest: what :func:`eosink_file.committed.committed_files` reads."""
     return {
         "epoch": epoch,
         "files": [

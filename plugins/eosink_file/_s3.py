@@ -19,7 +19,7 @@ from eosink._s3 import local_tmp_dir as local_tmp_dir
 from eosink._s3 import new_s3_client, s3_client, split_s3
 
 if TYPE_CHECKING:
-    from .plugin import FileSinkOptions
+    from .options import FileSinkOptions
 
 log = logging.getLogger("eosink.file")
 
