@@ -182,6 +182,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             aborted = [e.epoch for e in store.epochs(s.sink_id, (ABORTED,))]
             recent = store.epochs(s.sink_id, (COMMITTED,), limit=args.recent)
             losses = store.losses(s.sink_id)
+            open_items, open_note = _open_at_target(store, s, pending_rows)
             out.append(
                 {
                     "sink_id": s.sink_id,
@@ -212,6 +213,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                         for r in pending_rows
                     ],
                     "aborted_epochs": aborted,
+                    "open_at_target": open_items,
+                    "open_at_target_note": open_note,
+                    "last_roll": (
+                        {**s.last_roll, "at": _iso(float(s.last_roll["at"]))}
+                        if s.last_roll
+                        else None
+                    ),
                     "losses": [
                         {
                             "epoch": x.epoch,
@@ -295,6 +303,14 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"    epoch {r['epoch']} PENDING since {r['pending_since']} "
                 f"({r['rows']} rows, {r['files']} files, {_run_label(r['run'])})"
             )
+        if s["open_at_target"]:
+            print(f"  open at the target ({len(s['open_at_target'])}):")
+            for item in s["open_at_target"]:
+                print(f"    {item.get('kind', 'open')}: {item.get('what', '')}")
+            if s["open_at_target_note"]:
+                print(f"    ({s['open_at_target_note']})")
+        elif s["open_at_target_note"]:
+            print(f"  open at the target: {s['open_at_target_note']}")
         for x in s["losses"]:
             print(
                 f"  KNOWN LOSS: epoch {x['epoch']} ({x['rows']} rows, {x['files']} files, "
@@ -327,6 +343,52 @@ def cmd_status(args: argparse.Namespace) -> int:
                 ).replace("\n", "\n  ")
             )
     return 0
+
+
+def _open_at_target(
+    store: Any, sink: Any, pending_rows: list[Any]
+) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """What the sink holds open at its target (open rolling files, transactions of PENDING
+    epochs), from its plugin's ``describe_open`` over the stored committables, and a note
+    when that cannot be told here. None when the sink does not describe it."""
+    from ._metastore import COMMITTED
+    from .errors import EosinkError
+    from .registry import get_sink
+
+    try:
+        plugin = get_sink(sink.plugin)
+    except EosinkError:
+        return None, f"not known here (the {sink.plugin} sink is not installed on this machine)"
+    if plugin.describe_open is None:
+        return None, None
+    codec = plugin.committable_codec
+
+    def decoded(r: Any) -> Any:
+        return codec.decode(r.committable, r.codec_version)
+
+    try:
+        last = store.epochs(sink.sink_id, (COMMITTED,), limit=1)
+        pending = {r.epoch: decoded(r) for r in pending_rows if r.committable is not None}
+        last_c = decoded(last[-1]) if last and last[-1].committable is not None else None
+        items = plugin.describe_open(sink.sink_id, last_c, pending)
+    except Exception as exc:  # a plugin's bug must not break status
+        return None, f"the {sink.plugin} sink cannot describe it: {_one_line(str(exc))[:200]}"
+    # A roll between epochs changes the target only; the sink row notes when it happened.
+    roll = sink.last_roll
+    newest = max(
+        [r.committed_at or 0.0 for r in last] + [r.created_at or 0.0 for r in pending_rows],
+        default=0.0,
+    )
+    if roll and float(roll["at"]) > newest:
+        when = _iso(float(roll["at"]))
+        if roll.get("everything"):
+            return [], f"nothing (every open file was published by the roll at {when})"
+        if items:
+            return items, (
+                f"{roll['files']} open file(s) were rolled at {when}, after the last epoch: "
+                "some listed here may be published already"
+            )
+    return items, None if items else "nothing"
 
 
 def _iso(t: float | None) -> str | None:

@@ -742,6 +742,9 @@ class SinkRuntime:
                     n,
                     " (end of run)" if everything else "",
                 )
+                self.store.record_roll(
+                    self.sink_id, self.generation, files=n, everything=everything
+                )
             return n
         return 0
 

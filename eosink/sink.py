@@ -433,6 +433,15 @@ class SinkPlugin(Generic[OptionsT, R, C]):
         validate_schema: raises :class:`~eosink.errors.SchemaMismatchError` naming the column
             when the sink cannot write a DataFrame of this Arrow schema.
         description: one line for ``eosink plugins``.
+        describe_open: what the sink holds open at its target, for ``eosink status`` (an open
+            rolling file, a transaction an interrupted commit may have left open), or None.
+            Called on an operator's machine with ``(sink_id, last_committed, pending)``: the
+            decoded committable of the last COMMITTED epoch (None when there is none) and
+            those of the PENDING epochs by epoch. Contract: read only these (status has no
+            sink options and must not touch the target); return one JSON-able dict per open
+            thing, with ``kind`` (``"open file"``, ``"transaction"``...) and ``what`` (one
+            line for people, no secrets), anything else for ``--json``; ``[]`` when nothing
+            is open. An exception is shown as "cannot describe", never fails ``status``.
         requires: the readiness declaration: Python modules the sink needs at run time, each
             with what to ``pip install`` to get it, usually an extra of the package that
             provides the sink: ``{"pyiceberg": "eosink[iceberg]"}``,
@@ -455,6 +464,7 @@ class SinkPlugin(Generic[OptionsT, R, C]):
     validate_schema: Callable[[OptionsT, pa.Schema], None] | None = None
     description: str = ""
     requires: Mapping[str, str] = field(default_factory=dict, hash=False)
+    describe_open: Callable[[str, C | None, Mapping[int, C]], list[dict[str, Any]]] | None = None
 
     def missing_requirements(self) -> dict[str, str]:
         """The declared modules (:attr:`requires`) that cannot be found: module -> install."""

@@ -49,6 +49,16 @@ def _stream(spark: Any, src: Path, **kw: Any) -> Any:
     return df.parquet(str(src))
 
 
+def _status(url: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """The one sink of ``eosink status --json``."""
+    from eosink._cli import main as cli
+
+    capsys.readouterr()
+    assert cli(["status", "--metastore-url", url, "--json"]) == 0
+    (sink,) = json.loads(capsys.readouterr().out)
+    return dict(sink)
+
+
 def _staged(root: Path) -> list[Path]:
     st = root / "_eosink_staging"
     return sorted(p for p in st.rglob("*") if p.is_file()) if st.exists() else []
@@ -301,19 +311,20 @@ def test_sixty_epochs_make_few_files(spark: Any, tmp_path: Path) -> None:
 
 
 def test_s3_tail_under_a_part_waits_staged_for_many_epochs(
-    spark: Any, tmp_path: Path, s3_endpoint: str
+    spark: Any, tmp_path: Path, s3_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Small JSON epochs on S3: no multipart upload is started while the slot's tail stays
     under 5 MiB; the pieces wait staged; the end of the stream publishes one file."""
     c, b = _bucket(s3_endpoint)
     ids = make_input(tmp_path / "in", 10, 30)
+    url = f"sqlite:///{tmp_path}/m.db"
     h = eosink.run(
         _stream(spark, tmp_path / "in"),
         "file",
         format="json",
         max_file_bytes=1 << 30,
         checkpoint_location=str(tmp_path / "ck"),
-        metastore_url=f"sqlite:///{tmp_path}/m.db",
+        metastore_url=url,
         trigger={"processingTime": "200 milliseconds"},
         **_s3_opts(s3_endpoint, b),
     )
@@ -324,8 +335,17 @@ def test_s3_tail_under_a_part_waits_staged_for_many_epochs(
         assert _s3_visible(c, b) == []
         staged = [k for k, _ in _s3_keys(c, b) if "/_eosink_staging/" in k]
         assert len(staged) >= 10  # every epoch's piece, at least one per epoch
+        # `eosink status` lists the open file: every row so far, no upload started yet.
+        running = _status(url, capsys)
+        (open_file,) = running["open_at_target"]
+        assert open_file["kind"] == "open file" and open_file["rows"] == len(ids)
+        assert open_file["end_epoch"] == running["last_committed_epoch"]
+        assert open_file["s3_upload_id"] is None and open_file["file"].startswith("part-")
     finally:
         h.stop()
+    stopped = _status(url, capsys)  # the stop published it: nothing is open
+    assert stopped["open_at_target"] == [] and stopped["last_roll"]["everything"] is True
+    assert "published by the roll" in stopped["open_at_target_note"]
     keys = _s3_visible(c, b)
     assert len(keys) == 1
     assert _s3_ids(c, b, keys, "json", tmp_path) == ids

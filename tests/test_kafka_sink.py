@@ -17,6 +17,7 @@ import pytest
 
 import eosink
 from eosink.faults import SimulatedCrash, simulate
+from eosink.util import sink_key
 
 
 def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
@@ -74,6 +75,16 @@ def _opts(kafka: Any, topic: str | None, tmp_path: Path, **more: Any) -> dict[st
         "metastore_url": f"sqlite:///{tmp_path / 'm.db'}",
         **more,
     }
+
+
+def _status(url: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """The one sink of ``eosink status --json``."""
+    from eosink._cli import main as cli
+
+    capsys.readouterr()
+    assert cli(["status", "--metastore-url", url, "--json"]) == 0
+    (sink,) = json.loads(capsys.readouterr().out)
+    return dict(sink)
 
 
 def _events(spark: Any, n: int, parts: int = 4, keys: int = 10) -> Any:
@@ -194,7 +205,12 @@ def test_stream_restarts_and_format_eosink(
 
 @pytest.mark.parametrize("point", ["kafka_before_commit", "mid_commit", "kafka_mid_produce"])
 def test_replayed_commit_publishes_nothing_twice(
-    spark: Any, kafka: Any, topic: str, tmp_path: Path, point: str
+    spark: Any,
+    kafka: Any,
+    topic: str,
+    tmp_path: Path,
+    point: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The run dies inside the commit (in process); the next run's recovery finishes it.
 
@@ -206,8 +222,22 @@ def test_replayed_commit_publishes_nothing_twice(
     opts = _opts(kafka, topic, tmp_path, chunk_bytes=8 * 1024, transactions=2)
     with simulate(point, 2), pytest.raises(SimulatedCrash):
         eosink.run(_events(spark, n), sink="kafka", epoch=3, **opts)
+    # `eosink status` names the transactions the PENDING epoch's commit runs.
+    pending = _status(opts["metastore_url"], capsys)
+    assert pending["pending_epochs"] == [3]
+    key = sink_key(pending["sink_id"])
+    txns = pending["open_at_target"]
+    assert [x["transactional_id"] for x in txns] == [f"eosink-{key}-0", f"eosink-{key}-1"]
+    assert {x["kind"] for x in txns} == {"transaction"} and {x["epoch"] for x in txns} == {3}
+    assert sum(x["records"] for x in txns) == n
+    from eosink._cli import main as cli
+
+    assert cli(["status", "--metastore-url", opts["metastore_url"]]) == 0
+    assert f"transaction: eosink-{key}-0: epoch 3" in capsys.readouterr().out
     r = eosink.run(_events(spark, n), sink="kafka", epoch=3, **opts)
     assert r.committed and r.recovered  # the PENDING epoch was committed by recovery
+    done = _status(opts["metastore_url"], capsys)
+    assert done["open_at_target"] == [] and done["open_at_target_note"] == "nothing"
     committed = _ids(read_topic(kafka.bootstrap, topic))
     assert sorted(committed) == list(range(n))
     everything = _ids(read_topic(kafka.bootstrap, topic, "read_uncommitted"))

@@ -36,6 +36,7 @@ class SinkRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     last_error_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_roll: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class EpochRow(Base):

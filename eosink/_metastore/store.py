@@ -12,6 +12,7 @@ Transitions (anything else raises :class:`~eosink.errors.InvalidTransitionError`
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -110,6 +111,8 @@ class SinkRecord:
     heartbeat_at: float | None = None
     """When the owner last said it runs (every :data:`HEARTBEAT_SECONDS`); None once it
     stopped cleanly, or for an owner older than the heartbeat."""
+    last_roll: dict[str, Any] | None = None
+    """The last roll between epochs of a rolling sink: ``{"at", "files", "everything"}``."""
 
 
 @dataclass(frozen=True)
@@ -475,6 +478,7 @@ class MetaStore:
             last_error=row.last_error,
             last_error_at=row.last_error_at,
             heartbeat_at=row.heartbeat_at,
+            last_roll=json.loads(row.last_roll) if row.last_roll else None,
         )
 
     def sink(self, sink_id: str) -> SinkRecord | None:
@@ -783,6 +787,20 @@ class MetaStore:
         except Exception:
             log.debug("sink %s: heartbeat not recorded", sink_id, exc_info=True)
             return False
+
+    def record_roll(self, sink_id: str, generation: int, *, files: int, everything: bool) -> None:
+        """Note a roll between epochs (``files`` published; ``everything``: every open file).
+        Informational, for ``eosink status``; one try, fenced by generation, never raises."""
+        note = json.dumps({"at": time.time(), "files": files, "everything": everything})
+        try:
+            with self._tx() as conn:
+                conn.execute(
+                    update(SinkRow)
+                    .where(SinkRow.sink_id == sink_id, SinkRow.generation == generation)
+                    .values(last_roll=note)
+                )
+        except Exception:
+            log.debug("sink %s: roll not recorded", sink_id, exc_info=True)
 
     def record_error(self, sink_id: str, message: str) -> None:
         """Keep ``message`` as the sink's last error (shown by ``eosink status``). Best

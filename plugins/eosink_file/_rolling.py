@@ -35,7 +35,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -862,3 +862,44 @@ __all__ = [
     "piece_ext",
     "slot_id",
 ]
+
+
+def describe_open(
+    sink_id: str, last: dict[str, Any] | None, pending: Mapping[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The open rolling files as the newest committable records them (``eosink status``).
+
+    With PENDING epochs that is the newest PENDING one's state: what is open once recovery
+    commits it. A roll between epochs (``rollover_interval``, or a stop) is recorded in the
+    target only, so a file listed here may have been published since; ``eosink recover``
+    reads the target.
+    """
+    newest = pending[max(pending)] if pending else last
+    if not newest or newest.get("mode") != "rolling":
+        return []
+    out = []
+    for slot in sorted(newest["state"]["slots"].values(), key=lambda s: str(s["final"])):
+        up = slot.get("upload")
+        where = (
+            f", S3 upload {str(up['id'])[:16]}... ({len(up['parts'])} parts)"
+            if up
+            else f", {len(slot['pieces'])} staged pieces"
+            if slot["pieces"]
+            else ""
+        )
+        out.append(
+            {
+                "kind": "open file",
+                "what": f"{slot['final']} (epochs {slot['start']}..{slot['end']}, "
+                f"{slot['rows']} rows, {slot['bytes']} bytes{where})",
+                "file": slot["final"],
+                "start_epoch": int(slot["start"]),
+                "end_epoch": int(slot["end"]),
+                "rows": int(slot["rows"]),
+                "bytes": int(slot["bytes"]),
+                "opened_at": slot.get("opened_at"),
+                "s3_upload_id": up["id"] if up else None,
+                "after_pending_epoch": bool(pending),
+            }
+        )
+    return out

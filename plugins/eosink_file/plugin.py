@@ -41,6 +41,7 @@ from typing import Any
 import eosink
 from eosink import JsonCodec, SinkPlugin
 
+from ._rolling import describe_open
 from .committed import committed_files
 from .coordinator import FileCoordinator, make_coordinator
 from .layout import validate_schema
@@ -71,6 +72,7 @@ SINK: SinkPlugin[FileSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     "partitions, files per epoch or rolling across epochs",
     # pyarrow only, a core dependency; s3:// paths need boto3 (eosink[s3]), checked when used
     requires={},
+    describe_open=describe_open,
 )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -45,7 +45,7 @@ from .staging import (
     targets_of,
 )
 
-__all__ = ["KafkaCoordinator", "make_coordinator", "validate_schema"]
+__all__ = ["KafkaCoordinator", "describe_open", "make_coordinator", "validate_schema"]
 
 log = logging.getLogger("eosink.kafka")
 
@@ -54,6 +54,40 @@ PRODUCER_MESSAGE_MAX_BYTES = 1_000_000
 BATCH_OVERHEAD_BYTES = 128
 """A record batch's header (61 bytes) and one record's framing, rounded up: what a record
 adds to its key, value and headers on the wire, uncompressed."""
+
+
+def describe_open(
+    sink_id: str, last: dict[str, Any] | None, pending: Mapping[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The transactions a PENDING epoch's commit runs, for ``eosink status``.
+
+    No transaction is open across a checkpoint, so a COMMITTED epoch leaves none. A PENDING
+    one is published by its slots' transactional ids; if a commit was interrupted, the
+    transaction it had begun stays open at the broker (holding back ``read_committed``
+    readers of its partitions) until the sink's next start or ``eosink recover`` fences the
+    id, or the broker's ``transaction.timeout.ms`` aborts it.
+    """
+    key = sink_key(sink_id)
+    out = []
+    for epoch in sorted(pending):
+        for n, chunks in sorted(pending[epoch]["slots"].items(), key=lambda kv: int(kv[0])):
+            if not chunks:
+                continue
+            txn = f"eosink-{key}-{n}"
+            records = sum(int(c[2]) - int(c[1]) for c in chunks)
+            out.append(
+                {
+                    "kind": "transaction",
+                    "what": f"{txn}: epoch {epoch}, {len(chunks)} transaction(s) of "
+                    f"{records} records to publish (one may be open at the broker if a "
+                    "commit was interrupted)",
+                    "transactional_id": txn,
+                    "epoch": epoch,
+                    "chunks": len(chunks),
+                    "records": records,
+                }
+            )
+    return out
 
 
 def validate_schema(opts: KafkaSinkOptions, schema: pa.Schema) -> None:

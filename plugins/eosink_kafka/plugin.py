@@ -18,7 +18,7 @@ from typing import Any
 import eosink
 from eosink import JsonCodec, SinkPlugin, WriterContext
 
-from .coordinator import make_coordinator, validate_schema
+from .coordinator import describe_open, make_coordinator, validate_schema
 from .options import KafkaSinkOptions
 from .staging import KafkaWriter
 
@@ -48,6 +48,7 @@ SINK: SinkPlugin[KafkaSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     description="Apache Kafka topics, exactly once through transactions (confluent-kafka)",
     # confluent-kafka is imported by the coordinator (the driver) only.
     requires={"confluent_kafka": "eosink[kafka]"},
+    describe_open=describe_open,
 )
 
 
