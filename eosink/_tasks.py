@@ -26,16 +26,24 @@ def run_writer(
     epoch: int,
     setup: Any,
     batches: Iterable[pa.RecordBatch],
+    *,
+    partition: int | None = None,
+    attempt: int = 0,
 ) -> tuple[bytes, int]:
     """Inside a Spark task: one writer over the partition's batches -> (encoded result, rows).
 
     A failing writer gets ``abort_write`` before the error propagates (Spark retries the task).
+    The partition and attempt number are the running Spark task's; ``partition`` given, they
+    are these (the conformance suite runs this same code without Spark).
     """
-    from pyspark import TaskContext
+    if partition is None:
+        from pyspark import TaskContext
 
-    tc = TaskContext.get()
-    part = tc.partitionId() if tc else 0
-    attempt = tc.attemptNumber() if tc else 0
+        tc = TaskContext.get()
+        part = tc.partitionId() if tc else 0
+        attempt = tc.attemptNumber() if tc else 0
+    else:
+        part = partition
     ctx = WriterContext(
         sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}", setup
     )

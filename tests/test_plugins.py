@@ -6,6 +6,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -415,3 +416,120 @@ def test_a_broken_plugin_never_stops_the_other_sinks(tmp_path: Path) -> None:
         "eosink-broken 1.2.3 (ModuleNotFoundError: No module named "
         "'eosink_broken_no_such_module')."
     ) in res.stdout
+
+
+# -- the conformance suite catches what plugins.md forbids ---------------------------------
+# Each case breaks the example sink (jsonl_dir) the way a third-party author might, and the
+# conformance check for that contract must fail on it (the unbroken sink passes it above).
+
+
+def _jsonl_variant(**replace: Any) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(get_sink("jsonl_dir"), **replace)
+
+
+def _commit_skipping_older_epochs() -> Any:
+    import eosink_example as ex
+
+    class Broken(ex.Coordinator):
+        def commit(self, epoch: int, committable: dict[str, Any]) -> None:
+            done = [int(p.name[6:14]) for p in self.root.glob("epoch-*.jsonl")]
+            if done and max(done) >= epoch:  # "already committed": a high-water mark
+                return
+            super().commit(epoch, committable)
+
+    return _jsonl_variant(coordinator_factory=lambda o, s: Broken(o, s))
+
+
+def _marker(read: Any, write: Any) -> Any:
+    import eosink_example as ex
+
+    class Broken(ex.Coordinator, eosink.TargetMarker):
+        def read_marker(self) -> dict[str, Any] | None:
+            return dict(read(self))
+
+        def write_marker(self, marker: dict[str, Any]) -> None:
+            write(self, marker)
+
+    return _jsonl_variant(coordinator_factory=lambda o, s: Broken(o, s))
+
+
+def _stored_marker_file(c: Any) -> Path:
+    return Path(c.root) / ".marker.json"
+
+
+def _marker_ignored() -> Any:  # write_marker does nothing; read_marker makes one up
+    return _marker(lambda c: {"sink_id": "x", "last_epoch": -1}, lambda c, m: None)
+
+
+def _marker_without_last_epoch() -> Any:  # stored, but last_epoch is never maintained
+    return _marker(
+        lambda c: {**json.loads(_stored_marker_file(c).read_text()), "last_epoch": -1},
+        lambda c, m: _stored_marker_file(c).write_text(json.dumps(m)),
+    )
+
+
+def _staged_names_without_attempt_id() -> Any:
+    import eosink_example as ex
+
+    def make_writer(opts: Any, ctx: eosink.WriterContext) -> Any:
+        w = ex.Writer(opts, ctx)
+        w.file = Path(opts.path) / ".staging" / str(ctx.epoch) / f"p{ctx.partition_id}.jsonl"
+        return w
+
+    return _jsonl_variant(writer_factory=make_writer)
+
+
+def _staged_epochs_empty() -> Any:
+    import eosink_example as ex
+
+    class Broken(ex.Coordinator):
+        def staged_epochs(self) -> list[int]:
+            return []
+
+    return _jsonl_variant(coordinator_factory=lambda o, s: Broken(o, s))
+
+
+@pytest.mark.parametrize(
+    ("breakage", "check"),
+    [
+        (_commit_skipping_older_epochs, "test_commits_out_of_order"),
+        (_marker_ignored, "test_target_marker_round_trip"),
+        (_marker_without_last_epoch, "test_target_marker_round_trip"),
+        (_staged_names_without_attempt_id, "test_staged_names_carry_the_attempt_id"),
+        (_staged_epochs_empty, "test_staged_epochs_lists_what_writers_staged"),
+    ],
+    ids=lambda v: getattr(v, "__name__", v).strip("_") if callable(v) else v,
+)
+def test_conformance_check_fails_on_its_breakage(tmp_path: Path, breakage: Any, check: str) -> None:
+    suite = TestJsonlDirConformance()
+    suite._db = tmp_path / "conformance-metastore.db"
+    plugin = breakage()
+    options = plugin.parse_options(suite.make_options(tmp_path))
+    with pytest.raises(AssertionError):
+        getattr(suite, check)((plugin, options))
+
+
+def test_conformance_fails_a_fault_point_the_sink_never_reaches(tmp_path: Path) -> None:
+    """A commit that never calls fault_point("mid_commit"): the crash test fails (it used to
+    skip), saying what to add."""
+    import eosink_example as ex
+
+    class NoMidCommit(ex.Coordinator):
+        def commit(self, epoch: int, committable: dict[str, Any]) -> None:
+            final = self.root / f"epoch-{epoch:08d}.jsonl"
+            if not final.exists():
+                final.write_text("".join(Path(f).read_text() for f in committable["files"]))
+            shutil.rmtree(self.root / ".staging" / str(epoch), ignore_errors=True)
+
+    suite = TestJsonlDirConformance()
+    suite._db = tmp_path / "conformance-metastore.db"
+    plugin = _jsonl_variant(coordinator_factory=lambda o, s: NoMidCommit(o, s))
+    options = plugin.parse_options(suite.make_options(tmp_path))
+    with pytest.raises(pytest.fail.Exception, match=r'fault_point\("mid_commit"\)'):
+        suite.test_crash_at_fault_point((plugin, options), "mid_commit", True)
+    # The core's own points are still reached: that case passes on a fresh target.
+    suite._db = tmp_path / "again" / "conformance-metastore.db"
+    options = plugin.parse_options(suite.make_options(tmp_path / "again"))
+    suite.test_crash_at_fault_point((plugin, options), "before_commit", True)
