@@ -1,0 +1,466 @@
+"""The sql sink's coordinator: checks before phase 1, and a commit that is one transaction.
+
+``writer_setup`` (before any task) creates eosink's tables and, when asked, the target;
+checks the DataFrame's columns against the target's and, for upserts, the target's unique
+key; and hands the writers the statement that creates a staging table with the target's
+column types. ``pre_commit`` checks that every staging table holds the rows its task
+reported and that no key repeats within the epoch without ``order_by``. ``commit`` moves the
+epoch's rows into the target, inserts the epoch's row in ``sql_epochs`` and drops the
+epoch's staging tables, in one transaction: a reader sees the epoch completely or not at
+all, and a replayed commit finds the epoch's row and does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from eosink import (
+    ConfigError,
+    Prepared,
+    SchemaMismatchError,
+    SinkCommitCoordinator,
+    SinkError,
+    StagedEpochs,
+    TargetMarker,
+    fault_point,
+)
+from eosink.util import sink_key
+
+from .db import Db, check_types, sql_type_of
+from .options import SqlSinkOptions
+
+__all__ = ["SqlCoordinator", "make_coordinator", "validate_schema"]
+
+log = logging.getLogger("eosink.sql")
+
+
+def validate_schema(opts: SqlSinkOptions, schema: pa.Schema) -> None:
+    """The DataFrame's columns against the options (no connection): types the sink can
+    write, and the ``keys``, ``order_by`` and ``op_column`` it names."""
+    check_types(schema)
+    names = set(schema.names)
+    for what, cols in (("keys", opts.keys), ("order_by", [opts.order_by] if opts.order_by else [])):
+        missing = [c for c in cols if c not in names]
+        if missing:
+            raise SchemaMismatchError(
+                f"sql sink: {what} names {missing}, not columns of the DataFrame "
+                f"({', '.join(schema.names)})"
+            )
+    if opts.op_column is not None:
+        if opts.op_column not in names:
+            raise SchemaMismatchError(
+                f"sql sink: op_column {opts.op_column!r} is not a column of the DataFrame"
+            )
+        t = schema.field(opts.op_column).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise SchemaMismatchError(
+                f"sql sink: op_column {opts.op_column!r} must be a string column, not {t}"
+            )
+
+
+class SqlCoordinator(
+    SinkCommitCoordinator[dict[str, Any], dict[str, Any]], StagedEpochs, TargetMarker
+):
+    """See the module."""
+
+    def __init__(self, opts: SqlSinkOptions, sink_id: str) -> None:
+        self.opts = opts
+        self.sink_id = sink_id
+        self.key = sink_key(sink_id)
+        self.db = Db(opts)
+        self._data_columns: list[str] = []
+
+    # -- set-up and checks ---------------------------------------------------------------
+    def init(self) -> None:
+        try:
+            with self.db.engine.begin() as conn:
+                self.db.ensure_own_tables(conn)
+        except Exception as exc:
+            raise self.db.error("cannot connect or create eosink's tables", exc) from None
+
+    def target_id(self) -> str:
+        return self.opts.target_label
+
+    def _target_columns(self, conn: Any) -> dict[str, Any] | None:
+        import sqlalchemy as sa
+
+        schema, name = self.opts.schema_and_name
+        insp = sa.inspect(conn)
+        if not insp.has_table(name, schema=schema):
+            return None
+        return {c["name"]: c for c in insp.get_columns(name, schema=schema)}
+
+    def _unique_keys(self, conn: Any) -> list[set[str]]:
+        import sqlalchemy as sa
+
+        schema, name = self.opts.schema_and_name
+        insp = sa.inspect(conn)
+        out = [set(insp.get_pk_constraint(name, schema=schema).get("constrained_columns") or [])]
+        out += [set(u["column_names"]) for u in insp.get_unique_constraints(name, schema=schema)]
+        out += [
+            set(c for c in i["column_names"] if c)
+            for i in insp.get_indexes(name, schema=schema)
+            if i.get("unique")
+        ]
+        return [u for u in out if u]
+
+    def _create_target(self, conn: Any, schema: pa.Schema) -> None:
+        import sqlalchemy as sa
+
+        tschema, name = self.opts.schema_and_name
+        cols = []
+        for f in schema:
+            if f.name == self.opts.op_column:
+                continue
+            if pa.types.is_null(f.type):
+                raise SchemaMismatchError(
+                    f"sql sink: column {f.name!r} is all NULL, of no type: cast it "
+                    f"(CAST(NULL AS ...)) so that table {self.opts.table} can be created"
+                )
+            cols.append(
+                sa.Column(
+                    f.name,
+                    sql_type_of(f.type),
+                    primary_key=f.name in self.opts.keys,
+                    nullable=f.name not in self.opts.keys,
+                    autoincrement=False,
+                )
+            )
+        sa.Table(name, sa.MetaData(), *cols, schema=tschema).create(conn)
+        log.info("sql sink: created table %s", self.opts.table)
+
+    def writer_setup(self, schema: pa.Schema) -> dict[str, Any]:
+        """Create or check the target (see the module); the writers' staging statement."""
+        validate_schema(self.opts, schema)
+        db = self.db
+        try:
+            with db.engine.begin() as conn:
+                target = self._target_columns(conn)
+                if target is None:
+                    if not self.opts.create_table:
+                        raise ConfigError(
+                            f"sql sink: table {self.opts.table} does not exist in "
+                            f"{self.opts.target_label.rsplit('/', 1)[0]}: create it, or pass "
+                            "create_table=True to create it from the DataFrame's schema"
+                        )
+                    self._create_target(conn, schema)
+                    target = self._target_columns(conn)
+                    assert target is not None
+                data = [n for n in schema.names if n != self.opts.op_column]
+                extra = [n for n in data if n not in target and n != self.opts.order_by]
+                if extra:
+                    raise SchemaMismatchError(
+                        f"sql sink: table {self.opts.table} has no column {extra[0]!r} "
+                        f"(its columns: {', '.join(target)}); add it to the table or drop it "
+                        "from the DataFrame"
+                    )
+                required = [
+                    n
+                    for n, c in target.items()
+                    if n not in data
+                    and not c.get("nullable", True)
+                    and c.get("default") is None
+                    and c.get("autoincrement") is not True
+                ]
+                if required and self.opts.mode == "append":
+                    raise SchemaMismatchError(
+                        f"sql sink: table {self.opts.table} requires column {required[0]!r} "
+                        "(NOT NULL, no default), which the DataFrame lacks"
+                    )
+                if self.opts.keys and set(self.opts.keys) not in self._unique_keys(conn):
+                    raise SchemaMismatchError(
+                        f"sql sink: upserts by keys {list(self.opts.keys)} need a primary key "
+                        f"or unique constraint on exactly these columns of {self.opts.table}; "
+                        "add one (ALTER TABLE ... ADD PRIMARY KEY (...)), or use "
+                        "create_table=True on a new table"
+                    )
+        except (ConfigError, SinkError):
+            raise
+        except Exception as exc:
+            raise db.error("cannot check the target table", exc) from None
+        self._data_columns = [n for n in data if n in target]
+        staged = list(data) + ([self.opts.op_column] if self.opts.op_column else [])
+        # A staging table with the target's types (values that do not fit fail in the task,
+        # before anything is persisted), plus the columns only the sink reads.
+        select = ", ".join(
+            db.quote(n) if n in target else f"CAST(NULL AS {self._ddl(n, schema)}) AS {db.quote(n)}"
+            for n in data
+        )
+        if self.opts.op_column:
+            select += f", CAST(NULL AS VARCHAR(64)) AS {db.quote(self.opts.op_column)}"
+        if db.pg:
+            create = (
+                f"CREATE UNLOGGED TABLE {{table}} AS SELECT {select} FROM {db.target()} "
+                "WITH NO DATA"
+            )
+        else:
+            create = f"CREATE TABLE {{table}} AS SELECT {select} FROM {db.target()} WHERE 0"
+        return {"create": create, "columns": staged, "op_column": self.opts.op_column}
+
+    def _ddl(self, name: str, schema: pa.Schema) -> str:
+        t = sql_type_of(schema.field(name).type)
+        if t is None:
+            raise SchemaMismatchError(f"sql sink: column {name!r} is all NULL, of no type: cast it")
+        return str(t.compile(dialect=self.db.engine.dialect))
+
+    # -- phase 1 -----------------------------------------------------------------------
+    def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
+        """Every staging table holds its task's rows; no key repeats without ``order_by``."""
+        from sqlalchemy import text
+
+        tables = sorted(r["table"] for r in results if int(r["rows"]))
+        rows = sum(int(r["rows"]) for r in results)
+        db = self.db
+        try:
+            with db.engine.connect() as conn:
+                present = {n for n, e in db.staging_tables(conn, self.key) if e == epoch}
+                for r in results:
+                    if not int(r["rows"]):
+                        continue
+                    if r["table"] not in present:
+                        raise SinkError(
+                            f"sql sink epoch {epoch}: staging table {r['table']} of a task is "
+                            "missing (dropped by someone else?); the epoch is written again"
+                        )
+                    n = conn.execute(text(f"SELECT COUNT(*) FROM {db.staging(r['table'])}"))
+                    got = int(n.scalar_one())
+                    if got != int(r["rows"]):
+                        raise SinkError(
+                            f"sql sink epoch {epoch}: staging table {r['table']} holds {got} "
+                            f"rows, its task wrote {r['rows']}"
+                        )
+                if tables and self.opts.keys:
+                    self._check_repeats(conn, epoch, tables)
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise db.error(f"cannot check epoch {epoch}'s staged rows", exc) from None
+        return Prepared({"tables": tables, "rows": rows}, files=len(tables))
+
+    def _check_repeats(self, conn: Any, epoch: int, tables: list[str]) -> None:
+        from sqlalchemy import text
+
+        db = self.db
+        keys = list(self.opts.keys)
+        group = keys + ([self.opts.order_by] if self.opts.order_by else [])
+        src = self._union(tables, group)
+        row = conn.execute(
+            text(
+                f"SELECT {db.columns(group)} FROM ({src}) s GROUP BY {db.columns(group)} "
+                "HAVING COUNT(*) > 1 LIMIT 1"
+            )
+        ).first()
+        if row is None:
+            return
+        key = dict(zip(group, row, strict=True))
+        if self.opts.order_by:
+            raise SinkError(
+                f"sql sink epoch {epoch}: rows of key {key} tie on order_by "
+                f"{self.opts.order_by!r}: which one wins is undefined; make order_by unique "
+                "per key (a Kafka offset, a change sequence)"
+            )
+        raise SinkError(
+            f"sql sink epoch {epoch}: key {key} appears in more than one row of the epoch; "
+            "pass order_by=<column> (the row with the largest value wins), or deduplicate"
+        )
+
+    def _union(self, tables: list[str], cols: list[str]) -> str:
+        c = self.db.columns(cols)
+        return " UNION ALL ".join(f"SELECT {c} FROM {self.db.staging(t)}" for t in tables)
+
+    # -- phase 2 -----------------------------------------------------------------------
+    def commit(self, epoch: int, committable: dict[str, Any]) -> None:
+        """One transaction: the rows, the epoch's row in ``sql_epochs``, the staging tables
+        dropped. Idempotent by the epoch's row."""
+        from sqlalchemy import exc as sa_exc
+        from sqlalchemy import text
+
+        db = self.db
+        try:
+            with db.engine.begin() as conn:
+                done = conn.execute(
+                    text(
+                        f"SELECT 1 FROM {db.own('sql_epochs')} WHERE sink_key = :k AND epoch = :e"
+                    ),
+                    {"k": self.key, "e": epoch},
+                ).first()
+                if done is None:
+                    self._apply(conn, epoch, list(committable["tables"]))
+                    fault_point("mid_commit")
+                    conn.execute(
+                        text(
+                            f"INSERT INTO {db.own('sql_epochs')} "
+                            "(sink_key, epoch, committed_at, rows_written) "
+                            "VALUES (:k, :e, :t, :r)"
+                        ),
+                        {"k": self.key, "e": epoch, "t": time.time(), "r": committable["rows"]},
+                    )
+                self._drop(conn, epoch)
+        except sa_exc.IntegrityError as exc:
+            # Another coordinator (a zombie) committed the epoch concurrently: its
+            # transaction won, ours rolled back. Done, if its row is there.
+            if self._committed(epoch):
+                return
+            raise db.error(f"epoch {epoch}'s commit", exc) from None
+        except sa_exc.OperationalError as exc:
+            from eosink import CommitStateUnknownError
+
+            raise CommitStateUnknownError(str(db.error(f"epoch {epoch}'s commit", exc))) from None
+        except SinkError:
+            raise
+        except sa_exc.DBAPIError as exc:
+            raise db.error(f"epoch {epoch}'s commit", exc) from None
+
+    def _committed(self, epoch: int) -> bool:
+        from sqlalchemy import text
+
+        with self.db.engine.connect() as conn:
+            return (
+                conn.execute(
+                    text(
+                        f"SELECT 1 FROM {self.db.own('sql_epochs')} "
+                        "WHERE sink_key = :k AND epoch = :e"
+                    ),
+                    {"k": self.key, "e": epoch},
+                ).first()
+                is not None
+            )
+
+    def _apply(self, conn: Any, epoch: int, tables: list[str]) -> None:
+        from sqlalchemy import text
+
+        if not tables:
+            return
+        db = self.db
+        present = {n for n, e in db.staging_tables(conn, self.key) if e == epoch}
+        missing = [t for t in tables if t not in present]
+        if missing:
+            raise SinkError(
+                f"sql sink epoch {epoch}: staging table {missing[0]} is gone but the epoch "
+                "is not committed: it was dropped outside eosink. Its rows cannot be "
+                "published: `eosink abandon` the epoch (a recorded loss)"
+            )
+        cols = self._data_columns or self._staged_data_columns(conn, tables[0])
+        target = db.target()
+        if self.opts.mode == "append":
+            conn.execute(
+                text(f"INSERT INTO {target} ({db.columns(cols)}) {self._union(tables, cols)}")
+            )
+            return
+        keys = list(self.opts.keys)
+        op = self.opts.op_column
+        order = self.opts.order_by
+        src = cols + ([order] if order and order not in cols else []) + ([op] if op else [])
+        rank = f"ORDER BY {db.quote(order)} DESC" if order else ""
+        latest = (
+            f"SELECT * FROM (SELECT {db.columns(src)}, ROW_NUMBER() OVER "
+            f"(PARTITION BY {db.columns(keys)} {rank}) AS eosink_rn "
+            f"FROM ({self._union(tables, src)}) u) r WHERE eosink_rn = 1"
+        )
+        params = {f"op{i}": v for i, v in enumerate(self.opts.delete_ops)}
+        is_delete = f"{db.quote(op)} IN ({', '.join(':' + p for p in params)})" if op else "1 = 0"
+        key_tuple = f"({db.columns(keys)})"
+        # Deletes first, then upserts: the epoch's last change of each key is applied.
+        if op:
+            conn.execute(
+                text(
+                    f"DELETE FROM {target} WHERE {key_tuple} IN "
+                    f"(SELECT {db.columns(keys)} FROM ({latest}) d WHERE {is_delete})"
+                ),
+                params,
+            )
+        others = [c for c in cols if c not in keys]
+        action = (
+            "DO UPDATE SET " + ", ".join(f"{db.quote(c)} = excluded.{db.quote(c)}" for c in others)
+            if others
+            else "DO NOTHING"
+        )
+        keep = f"({db.quote(op)} IS NULL OR NOT ({is_delete}))" if op else "1 = 1"
+        conn.execute(
+            text(
+                f"INSERT INTO {target} ({db.columns(cols)}) SELECT {db.columns(cols)} "
+                f"FROM ({latest}) s WHERE {keep} ON CONFLICT ({db.columns(keys)}) {action}"
+            ),
+            params,
+        )
+
+    def _staged_data_columns(self, conn: Any, table: str) -> list[str]:
+        """The data columns of a staged epoch when this coordinator has not seen its schema
+        (a recovery after a restart): the staging table's columns the target has."""
+        import sqlalchemy as sa
+
+        insp = sa.inspect(conn)
+        schema = self.opts.staging_schema if self.db.pg else None
+        name = table if self.db.pg else f"eosink_{table}"
+        target = self._target_columns(conn) or {}
+        return [c["name"] for c in insp.get_columns(name, schema=schema) if c["name"] in target]
+
+    def _drop(self, conn: Any, epoch: int) -> None:
+        from sqlalchemy import text
+
+        for name, e in sorted(self.db.staging_tables(conn, self.key)):
+            if e == epoch:
+                conn.execute(text(f"DROP TABLE IF EXISTS {self.db.staging(name)}"))
+
+    def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
+        """Drop every staging table of the epoch (all attempts), one at a time."""
+        from sqlalchemy import text
+
+        with self.db.engine.connect() as conn:
+            names = [n for n, e in self.db.staging_tables(conn, self.key) if e == epoch]
+        for i, name in enumerate(sorted(names)):
+            if i:
+                fault_point("mid_abort")
+            with self.db.engine.begin() as conn:
+                conn.execute(text(f"DROP TABLE IF EXISTS {self.db.staging(name)}"))
+
+    def staged_epochs(self) -> Iterable[int]:
+        with self.db.engine.connect() as conn:
+            return sorted({e for _, e in self.db.staging_tables(conn, self.key)})
+
+    # -- the marker ----------------------------------------------------------------------
+    def read_marker(self) -> dict[str, Any] | None:
+        from sqlalchemy import text
+
+        db = self.db
+        with db.engine.connect() as conn:
+            raw = conn.execute(
+                text(f"SELECT marker FROM {db.own('sql_markers')} WHERE sink_key = :k"),
+                {"k": self.key},
+            ).scalar()
+            last = conn.execute(
+                text(f"SELECT MAX(epoch) FROM {db.own('sql_epochs')} WHERE sink_key = :k"),
+                {"k": self.key},
+            ).scalar()
+        if raw is None and last is None:
+            return None
+        marker: dict[str, Any] = dict(json.loads(raw)) if raw is not None else {}
+        marker["last_epoch"] = int(last) if last is not None else -1
+        return marker
+
+    def write_marker(self, marker: dict[str, Any]) -> None:
+        from sqlalchemy import text
+
+        raw = json.dumps({k: v for k, v in marker.items() if k != "last_epoch"}, sort_keys=True)
+        db = self.db
+        with db.engine.begin() as conn:
+            conn.execute(
+                text(f"DELETE FROM {db.own('sql_markers')} WHERE sink_key = :k"), {"k": self.key}
+            )
+            conn.execute(
+                text(f"INSERT INTO {db.own('sql_markers')} (sink_key, marker) VALUES (:k, :m)"),
+                {"k": self.key, "m": raw},
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def make_coordinator(opts: SqlSinkOptions, sink_id: str) -> SqlCoordinator:
+    return SqlCoordinator(opts, sink_id)

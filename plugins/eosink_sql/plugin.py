@@ -1,0 +1,52 @@
+"""The ``sql`` sink: PostgreSQL (and SQLite) tables, exactly once, with appends, upserts and
+change-data-capture deletes.
+
+Writers (Spark tasks) load each task attempt's rows into a staging table of their own in the
+target database (PostgreSQL: ``COPY`` into an UNLOGGED table); the commit moves an epoch's
+rows into the target and records the epoch in one database transaction
+(:mod:`eosink_sql.coordinator`). Written against eosink's public plugin API only, as a third
+party would.
+
+The package: :mod:`~eosink_sql.options`, :mod:`~eosink_sql.db` (names, types, eosink's
+tables), :mod:`~eosink_sql.writer`, :mod:`~eosink_sql.coordinator`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import eosink
+from eosink import JsonCodec, SinkPlugin
+
+from .coordinator import SqlCoordinator, make_coordinator, validate_schema
+from .options import SqlSinkOptions
+from .writer import SqlWriter, make_writer
+
+__all__ = ["SINK", "SqlCoordinator", "SqlSinkOptions", "SqlWriter", "eosink_sinks"]
+
+
+def _default_sink_id(o: SqlSinkOptions) -> str:
+    # The database and the table, never the credentials or the driver's name.
+    return f"sql:{o.target_label}"
+
+
+SINK: SinkPlugin[SqlSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
+    name="sql",
+    options_model=SqlSinkOptions,
+    writer_factory=make_writer,
+    coordinator_factory=make_coordinator,
+    write_result_codec=JsonCodec[dict[str, Any]](version=1),
+    committable_codec=JsonCodec[dict[str, Any]](version=1),
+    default_sink_id=_default_sink_id,
+    validate_schema=validate_schema,
+    description="PostgreSQL (and SQLite) tables: appends, upserts and CDC deletes, one "
+    "transaction per epoch",
+    # SQLAlchemy is a core dependency; PostgreSQL needs psycopg 3 (checked when used).
+    requires={},
+)
+
+
+@eosink.hookimpl
+def eosink_sinks() -> list[SinkPlugin[Any, Any, Any]]:
+    """The sql sink."""
+    return [SINK]

@@ -1,0 +1,116 @@
+"""The sql sink's writers (Spark tasks): one staging table per task attempt, loaded in one
+transaction (PostgreSQL: ``COPY ... FROM STDIN`` of CSV that pyarrow writes; SQLite:
+``executemany``). A task that dies before ``finish_write`` leaves nothing: its transaction
+is rolled back with the table it created."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from eosink import CoordinatedSinkWriter, WriterContext
+from eosink.util import sink_key
+
+from .db import Db, python_rows, staging_name
+from .options import SqlSinkOptions
+
+__all__ = ["SqlWriter", "make_writer"]
+
+
+def _csv(batch: pa.RecordBatch) -> bytes:
+    """CSV PostgreSQL's ``COPY (FORMAT csv)`` reads: strings quoted, NULL unquoted empty,
+    binary as ``\\x`` hex."""
+    import pyarrow.csv as pacsv
+
+    cols = []
+    for col in batch.columns:
+        if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+            col = pa.array(
+                [None if v is None else "\\x" + v.hex() for v in col.to_pylist()], pa.string()
+            )
+        cols.append(col)
+    out = io.BytesIO()
+    pacsv.write_csv(
+        pa.Table.from_arrays(cols, names=batch.schema.names),
+        out,
+        pacsv.WriteOptions(include_header=False, quoting_style="needed"),
+    )
+    return out.getvalue()
+
+
+class SqlWriter(CoordinatedSinkWriter[dict[str, Any]]):
+    """Stages one task's rows into its own table (see the module)."""
+
+    def __init__(self, opts: SqlSinkOptions, ctx: WriterContext) -> None:
+        self.opts = opts
+        self.setup: dict[str, Any] = dict(ctx.setup or {})
+        self.table = staging_name(sink_key(ctx.sink_id), ctx.epoch, ctx.attempt_id)
+        self.rows = 0
+        self._db: Db | None = None
+        self._raw: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_db": None, "_raw": None}
+
+    def begin_epoch(self, epoch: int) -> None:
+        self._db = Db(self.opts)
+        self._raw = self._db.engine.raw_connection()
+        cur = self._raw.cursor()
+        if not self._db.pg:  # sqlite3 would autocommit the CREATE: one transaction
+            cur.execute("BEGIN IMMEDIATE")
+        cur.execute(str(self.setup["create"]).format(table=self._db.staging(self.table)))
+        cur.close()
+
+    def write_batch(self, batch: pa.RecordBatch) -> None:
+        assert self._db is not None
+        names = list(self.setup["columns"])
+        batch = pa.record_batch([batch.column(n) for n in names], names=names)
+        if batch.num_rows == 0:
+            return
+        if self.setup.get("op_column"):  # no surprise from op values with spaces or case
+            op = self.setup["op_column"]
+            i = names.index(op)
+            batch = batch.set_column(i, op, pc.utf8_trim_whitespace(batch.column(i)))
+        table = self._db.staging(self.table)
+        if self._db.pg:
+            conn = self._raw.driver_connection
+            with conn.cursor() as cur:
+                sql = f"COPY {table} ({self._db.columns(names)}) FROM STDIN (FORMAT csv)"
+                with cur.copy(sql) as copy:
+                    copy.write(_csv(batch))
+        else:
+            cur = self._raw.cursor()
+            marks = ", ".join("?" for _ in names)
+            cur.executemany(
+                f"INSERT INTO {table} ({self._db.columns(names)}) VALUES ({marks})",
+                python_rows(batch),
+            )
+            cur.close()
+        self.rows += batch.num_rows
+
+    def finish_write(self, epoch: int) -> dict[str, Any]:
+        self._raw.commit()
+        self._close()
+        return {"table": self.table, "rows": self.rows}
+
+    def abort_write(self) -> None:
+        if self._raw is not None:
+            try:
+                self._raw.rollback()  # the table was created in this transaction: gone
+            finally:
+                self._close()
+
+    def _close(self) -> None:
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def make_writer(opts: SqlSinkOptions, ctx: WriterContext) -> SqlWriter:
+    return SqlWriter(opts, ctx)

