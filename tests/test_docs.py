@@ -302,11 +302,13 @@ def test_option_tables_cover_the_code() -> None:
     from eosink_file.plugin import FileSinkOptions
     from eosink_iceberg.options import IcebergSinkOptions
     from eosink_kafka.options import KafkaSinkOptions
+    from eosink_sql.options import SqlSinkOptions
 
     for model, page in [
         (FileSinkOptions, "file-sink.md"),
         (IcebergSinkOptions, "iceberg.md"),
         (KafkaSinkOptions, "kafka.md"),
+        (SqlSinkOptions, "sql.md"),
     ]:
         text = (ROOT / "docs" / page).read_text()
         missing = [n for n in model.model_fields if f"`{n}`" not in text]
