@@ -1,6 +1,6 @@
 """A Spark driver program that the crash tests start, kill with SIGKILL and restart.
 
-It writes the Parquet files of --input to a sink (file, iceberg or kafka) exactly once, as a
+It writes the Parquet files of --input to a sink (file, iceberg, kafka or sql) exactly once, as a
 batch job (one explicit epoch) or a stream (one micro-batch per input file), then exits 0.
 With ``--source kafka`` the stream reads a Kafka topic instead (Spark's Kafka connector,
 ``read_committed``, a few records per micro-batch; the connector's jars come with
@@ -61,6 +61,15 @@ def _kafka_source(spark, a):  # type: ignore[no-untyped-def]
     return raw.selectExpr(f"from_json(CAST(value AS STRING), '{SCHEMA}') AS r").select("r.*")
 
 
+def _sql_rows(df, opts):  # type: ignore[no-untyped-def]
+    """The sql sink's change stream: with ``op_column`` "op", every 7th id is a delete."""
+    if opts.get("op_column") != "op":
+        return df
+    from pyspark.sql import functions as F
+
+    return df.withColumn("op", F.when(F.col("id") % 7 == 0, "d").otherwise("u"))
+
+
 def _kafka_rows(df, batch: bool):  # type: ignore[no-untyped-def]
     """The columns of the kafka sink: key = grp, value = the row as JSON; one key's rows in
     one Spark partition, by ascending id within it."""
@@ -81,7 +90,7 @@ def main() -> int:
     p.add_argument("--commit-mode", default="after_checkpoint")
     p.add_argument("--partition-by", default="")
     p.add_argument("--format", default="parquet")
-    p.add_argument("--sink", default="file", choices=["file", "iceberg", "kafka"])
+    p.add_argument("--sink", default="file", choices=["file", "iceberg", "kafka", "sql"])
     p.add_argument("--source", default="files", choices=["files", "kafka"])
     p.add_argument(
         "--source-options",
@@ -122,8 +131,8 @@ def main() -> int:
     opts: dict[str, object] = {} if a.metastore == "default" else {"metastore_url": a.metastore}
     if a.sink == "file":
         opts.update(path=a.out, format=a.format)
-    elif a.sink == "kafka":
-        pass  # bootstrap_servers, topic, staging_path...: --sink-options
+    elif a.sink in ("kafka", "sql"):
+        pass  # bootstrap_servers, topic... / url, table...: --sink-options
     else:
         opts["table"] = "db.events"
         if a.catalog_json:
@@ -140,7 +149,8 @@ def main() -> int:
         opts.update(json.loads(a.sink_options))
     if a.mode == "batch":
         df = spark.read.schema(schema).parquet(a.input)
-        df = _kafka_rows(df, batch=True) if a.sink == "kafka" else df.repartition(3)
+        df = _kafka_rows(df, batch=True) if a.sink == "kafka" else _sql_rows(df, opts)
+        df = df if a.sink == "kafka" else df.repartition(3)
         r = eosink.run(df, sink=a.sink, epoch=5, **opts)
         print("RESULT", r, flush=True)
     elif a.mode == "stream":
@@ -152,6 +162,7 @@ def main() -> int:
             sdf = sdf.mapInArrow(_hold, schema)
         if a.sink == "kafka":
             sdf = _kafka_rows(sdf, batch=False)
+        sdf = _sql_rows(sdf, opts)
         h = eosink.run(
             sdf,
             sink=a.sink,
@@ -166,6 +177,7 @@ def main() -> int:
         sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(a.input)
         if a.sink == "kafka":
             sdf = _kafka_rows(sdf, batch=False)
+        sdf = _sql_rows(sdf, opts)
         w = sdf.writeStream.format("eosink").option("sink", a.sink)
         for k, v in opts.items():
             w = w.option(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))

@@ -4,6 +4,7 @@ the checks made before an epoch is persisted. Every result is read back with pla
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import uuid
 from pathlib import Path
@@ -158,7 +159,7 @@ def test_append_batch_exactly_once_and_rerun(spark: Any, db_url: str, tmp_path: 
     assert _staging_tables(db_url, o["staging_schema"]) == []
 
 
-def _changes(spark: Any, rows: list[tuple[int, str, str, int]]) -> Any:
+def _changes(spark: Any, rows: list[tuple[int, str, str, int | None]]) -> Any:
     return spark.createDataFrame(rows, "id long, v string, op string, seq long")
 
 
@@ -183,6 +184,8 @@ def test_upserts_and_deletes_last_change_wins(spark: Any, db_url: str, tmp_path:
         [
             (1, "late", "u", 20),
             (1, "early", "u", 10),
+            (3, "no seq", "u", None),  # a NULL order_by never wins (PostgreSQL sorts it first)
+            (3, "seq", "u", 15),
             (2, "", "d", 11),
             (6, "v6", "c", 12),
             (7, "gone", "c", 13),
@@ -194,7 +197,7 @@ def test_upserts_and_deletes_last_change_wins(spark: Any, db_url: str, tmp_path:
     expected = [
         {"id": 1, "v": "late", "seq": 20},
         {"id": 2, "v": "back", "seq": 30},
-        {"id": 3, "v": "v3", "seq": 3},
+        {"id": 3, "v": "seq", "seq": 15},
         {"id": 4, "v": "v4", "seq": 4},
         {"id": 5, "v": "v5", "seq": 5},
         {"id": 6, "v": "v6", "seq": 12},
@@ -293,3 +296,91 @@ def test_stream_appends_exactly_once(spark: Any, db_url: str, tmp_path: Path) ->
     run()
     assert [r["id"] for r in _rows(db_url, table)] == ids
     assert _staging_tables(db_url, o["staging_schema"]) == []
+
+
+def _exec(url: str, *sql: str) -> None:
+    eng = sa.create_engine(url) if url.startswith("sqlite") else _pg_engine(url)
+    try:
+        with eng.begin() as c:
+            for s in sql:
+                c.execute(sa.text(s))
+    finally:
+        eng.dispose()
+
+
+def _epochs(metastore_url: str) -> dict[int, str]:
+    from eosink._metastore import MetaStore
+
+    store = MetaStore(metastore_url)
+    try:
+        return {e.epoch: e.status for s in store.sinks() for e in store.epochs(s.sink_id)}
+    finally:
+        store.close()
+
+
+def test_rows_the_table_refuses_fail_before_pending(
+    spark: Any, db_url: str, tmp_path: Path
+) -> None:
+    """A NULL in a NOT NULL column, a CHECK the rows break, a duplicate of the table's
+    unique key: found in phase 1 (the epoch's statements are tried and rolled back), never
+    a PENDING epoch that fails at every commit. The next run with good rows commits."""
+    table = f"n_{uuid.uuid4().hex[:8]}"
+    _exec(
+        db_url,
+        f'CREATE TABLE "{table}" (id BIGINT PRIMARY KEY, name TEXT NOT NULL, '
+        "qty BIGINT CHECK (qty >= 0))",
+        f"INSERT INTO \"{table}\" VALUES (1, 'kept', 1)",
+    )
+    o = _opts(db_url, tmp_path, table)
+    bad = [
+        ([(2, None, 1)], "name"),  # NOT NULL
+        ([(2, "x", -5)], "qty|CHECK|check"),  # the CHECK constraint
+        ([(1, "again", 1)], "UNIQUE|unique|duplicate"),  # the primary key, in append mode
+    ]
+    for rows, what in bad:
+        df = spark.createDataFrame(rows, "id long, name string, qty long")
+        with pytest.raises(eosink.SinkError, match="refused by table") as err:
+            eosink.run(df, sink="sql", epoch=7, **o)
+        assert re.search(what, str(err.value)), err.value
+        assert "PENDING" not in _epochs(o["metastore_url"]).values()
+        assert _staging_tables(db_url, o["staging_schema"]) == []
+    good = spark.createDataFrame([(2, "ok", 3)], "id long, name string, qty long")
+    assert eosink.run(good, sink="sql", epoch=7, **o).committed
+    assert [(r["id"], r["name"]) for r in _rows(db_url, table)] == [(1, "kept"), (2, "ok")]
+
+
+def test_pending_epoch_is_committed_as_it_was_staged(
+    spark: Any, db_url: str, tmp_path: Path
+) -> None:
+    """A run dies with its upsert epoch PENDING; the next run of the sink is an append. Its
+    recovery commits the PENDING epoch as an upsert (the committable says how), then appends."""
+    from eosink.faults import SimulatedCrash, simulate
+
+    table = f"k_{uuid.uuid4().hex[:8]}"
+    _exec(db_url, f'CREATE TABLE "{table}" (id BIGINT PRIMARY KEY, v TEXT)')
+    _exec(db_url, f"INSERT INTO \"{table}\" VALUES (1, 'old')")
+    o = _opts(db_url, tmp_path, table)
+    up = spark.createDataFrame([(1, "a"), (2, "b")], "id long, v string")
+    with simulate("after_persist"), pytest.raises(SimulatedCrash):
+        eosink.run(up, sink="sql", epoch=1, mode="upsert", keys=["id"], **o)
+    assert _epochs(o["metastore_url"]) == {1: "PENDING"}
+    more = spark.createDataFrame([(3, "c")], "id long, v string")
+    r = eosink.run(more, sink="sql", epoch=2, **o)
+    assert r.committed and _epochs(o["metastore_url"]) == {1: "COMMITTED", 2: "COMMITTED"}
+    assert [(x["id"], x["v"]) for x in _rows(db_url, table)] == [(1, "a"), (2, "b"), (3, "c")]
+
+
+def test_value_the_column_cannot_hold_is_the_first_line(
+    spark: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """PostgreSQL refuses a value in a task (out of range for an INTEGER column): the
+    SinkError's first line says so, nothing is written."""
+    table = f"v_{uuid.uuid4().hex[:8]}"
+    _exec(pg_url, f'CREATE TABLE "{table}" (id INTEGER, v VARCHAR(3))')
+    o = _opts(pg_url, tmp_path, table)
+    df = spark.createDataFrame([(3_000_000_000, "a")], "id long, v string")
+    with pytest.raises(eosink.SinkError) as err:
+        eosink.run(df, sink="sql", epoch=1, **o)
+    first = str(err.value).splitlines()[0]
+    assert "out of range for type integer" in first, str(err.value)[:2000]
+    assert _rows(pg_url, table) == []

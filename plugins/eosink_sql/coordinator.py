@@ -40,6 +40,15 @@ __all__ = ["SqlCoordinator", "make_coordinator", "validate_schema"]
 log = logging.getLogger("eosink.sql")
 
 
+def _transient(exc: BaseException) -> bool:
+    """A lost connection or a lock timeout (retried), not a statement the database refuses."""
+    text = str(getattr(exc, "orig", exc)).lower()
+    return any(
+        w in text
+        for w in ("connection", "server closed", "terminating", "timeout", "locked", "busy")
+    )
+
+
 def validate_schema(opts: SqlSinkOptions, schema: pa.Schema) -> None:
     """The DataFrame's columns against the options (no connection): types the sink can
     write, and the ``keys``, ``order_by`` and ``op_column`` it names."""
@@ -123,10 +132,13 @@ class SqlCoordinator(
                     f"sql sink: column {f.name!r} is all NULL, of no type: cast it "
                     f"(CAST(NULL AS ...)) so that table {self.opts.table} can be created"
                 )
+            typ = sql_type_of(f.type)
+            if not self.db.pg and pa.types.is_decimal(f.type):
+                typ = sa.Text()  # SQLite's NUMERIC affinity would round to 15 digits
             cols.append(
                 sa.Column(
                     f.name,
-                    sql_type_of(f.type),
+                    typ,
                     primary_key=f.name in self.opts.keys,
                     nullable=f.name not in self.opts.keys,
                     autoincrement=False,
@@ -210,12 +222,29 @@ class SqlCoordinator(
         return str(t.compile(dialect=self.db.engine.dialect))
 
     # -- phase 1 -----------------------------------------------------------------------
+    def _spec(self) -> dict[str, Any]:
+        """How the epoch is applied, fixed in its committable: a PENDING epoch is committed
+        the way it was staged, whatever options a later run (its recovery) is given."""
+        return {
+            "table": self.opts.table,
+            "mode": self.opts.mode,
+            "keys": list(self.opts.keys),
+            "order_by": self.opts.order_by,
+            "op_column": self.opts.op_column,
+            "delete_ops": list(self.opts.delete_ops),
+            "columns": list(self._data_columns),
+        }
+
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
-        """Every staging table holds its task's rows; no key repeats without ``order_by``."""
+        """Every staging table holds its task's rows, no key repeats without ``order_by``,
+        and the commit's statements succeed: they run once here, in a transaction that is
+        rolled back, so that a row the target refuses (NULL in a NOT NULL column, a CHECK,
+        a foreign key, a duplicate of a unique key) fails the epoch before it is PENDING."""
         from sqlalchemy import text
 
         tables = sorted(r["table"] for r in results if int(r["rows"]))
         rows = sum(int(r["rows"]) for r in results)
+        committable = {"tables": tables, "rows": rows, "spec": self._spec()}
         db = self.db
         try:
             with db.engine.connect() as conn:
@@ -237,11 +266,32 @@ class SqlCoordinator(
                         )
                 if tables and self.opts.keys:
                     self._check_repeats(conn, epoch, tables)
+            if tables:
+                self._trial(epoch, committable)
         except SinkError:
             raise
         except Exception as exc:
             raise db.error(f"cannot check epoch {epoch}'s staged rows", exc) from None
-        return Prepared({"tables": tables, "rows": rows}, files=len(tables))
+        return Prepared(committable, files=len(tables))
+
+    def _trial(self, epoch: int, committable: dict[str, Any]) -> None:
+        from sqlalchemy import exc as sa_exc
+
+        conn = self.db.engine.connect()
+        try:
+            tx = conn.begin()
+            try:
+                self._apply(conn, epoch, committable)
+            except sa_exc.DBAPIError as exc:
+                raise self.db.error(
+                    f"epoch {epoch} is refused by table {committable['spec']['table']} (its "
+                    "statements were tried and rolled back; nothing was written)",
+                    exc,
+                ) from None
+            finally:
+                tx.rollback()
+        finally:
+            conn.close()
 
     def _check_repeats(self, conn: Any, epoch: int, tables: list[str]) -> None:
         from sqlalchemy import text
@@ -277,7 +327,8 @@ class SqlCoordinator(
     # -- phase 2 -----------------------------------------------------------------------
     def commit(self, epoch: int, committable: dict[str, Any]) -> None:
         """One transaction: the rows, the epoch's row in ``sql_epochs``, the staging tables
-        dropped. Idempotent by the epoch's row."""
+        dropped. Idempotent by the epoch's row. Applied as the committable's ``spec`` says
+        (the options the epoch was staged with)."""
         from sqlalchemy import exc as sa_exc
         from sqlalchemy import text
 
@@ -291,7 +342,16 @@ class SqlCoordinator(
                     {"k": self.key, "e": epoch},
                 ).first()
                 if done is None:
-                    self._apply(conn, epoch, list(committable["tables"]))
+                    present = {n for n, e in db.staging_tables(conn, self.key) if e == epoch}
+                    missing = [t for t in committable["tables"] if t not in present]
+                    if missing:
+                        raise SinkError(
+                            f"sql sink epoch {epoch}: staging table {missing[0]} is gone but "
+                            "the epoch is not committed: it was dropped outside eosink. Its "
+                            "rows cannot be published: `eosink abandon` the epoch (a "
+                            "recorded loss)"
+                        )
+                    self._apply(conn, epoch, committable)
                     fault_point("mid_commit")
                     conn.execute(
                         text(
@@ -311,6 +371,8 @@ class SqlCoordinator(
         except sa_exc.OperationalError as exc:
             from eosink import CommitStateUnknownError
 
+            if not _transient(exc):
+                raise db.error(f"epoch {epoch}'s commit", exc) from None
             raise CommitStateUnknownError(str(db.error(f"epoch {epoch}'s commit", exc))) from None
         except SinkError:
             raise
@@ -332,38 +394,35 @@ class SqlCoordinator(
                 is not None
             )
 
-    def _apply(self, conn: Any, epoch: int, tables: list[str]) -> None:
+    def _apply(self, conn: Any, epoch: int, committable: dict[str, Any]) -> None:
+        """The epoch's statements (no commit): append, or deletes then upserts."""
         from sqlalchemy import text
 
+        tables = list(committable["tables"])
         if not tables:
             return
+        spec = committable["spec"]
         db = self.db
-        present = {n for n, e in db.staging_tables(conn, self.key) if e == epoch}
-        missing = [t for t in tables if t not in present]
-        if missing:
-            raise SinkError(
-                f"sql sink epoch {epoch}: staging table {missing[0]} is gone but the epoch "
-                "is not committed: it was dropped outside eosink. Its rows cannot be "
-                "published: `eosink abandon` the epoch (a recorded loss)"
-            )
-        cols = self._data_columns or self._staged_data_columns(conn, tables[0])
-        target = db.target()
-        if self.opts.mode == "append":
+        cols = list(spec["columns"])
+        target = db.target_of(spec["table"])
+        if spec["mode"] == "append":
             conn.execute(
                 text(f"INSERT INTO {target} ({db.columns(cols)}) {self._union(tables, cols)}")
             )
             return
-        keys = list(self.opts.keys)
-        op = self.opts.op_column
-        order = self.opts.order_by
+        keys = list(spec["keys"])
+        op = spec["op_column"]
+        order = spec["order_by"]
         src = cols + ([order] if order and order not in cols else []) + ([op] if op else [])
-        rank = f"ORDER BY {db.quote(order)} DESC" if order else ""
+        # The largest order_by wins; a NULL one never does (NULLs sort last here, as on
+        # SQLite; PostgreSQL would put them first in DESC).
+        rank = f"ORDER BY ({db.quote(order)} IS NULL), {db.quote(order)} DESC" if order else ""
         latest = (
             f"SELECT * FROM (SELECT {db.columns(src)}, ROW_NUMBER() OVER "
             f"(PARTITION BY {db.columns(keys)} {rank}) AS eosink_rn "
             f"FROM ({self._union(tables, src)}) u) r WHERE eosink_rn = 1"
         )
-        params = {f"op{i}": v for i, v in enumerate(self.opts.delete_ops)}
+        params = {f"op{i}": v for i, v in enumerate(spec["delete_ops"])}
         is_delete = f"{db.quote(op)} IN ({', '.join(':' + p for p in params)})" if op else "1 = 0"
         key_tuple = f"({db.columns(keys)})"
         # Deletes first, then upserts: the epoch's last change of each key is applied.
@@ -389,17 +448,6 @@ class SqlCoordinator(
             ),
             params,
         )
-
-    def _staged_data_columns(self, conn: Any, table: str) -> list[str]:
-        """The data columns of a staged epoch when this coordinator has not seen its schema
-        (a recovery after a restart): the staging table's columns the target has."""
-        import sqlalchemy as sa
-
-        insp = sa.inspect(conn)
-        schema = self.opts.staging_schema if self.db.pg else None
-        name = table if self.db.pg else f"eosink_{table}"
-        target = self._target_columns(conn) or {}
-        return [c["name"] for c in insp.get_columns(name, schema=schema) if c["name"] in target]
 
     def _drop(self, conn: Any, epoch: int) -> None:
         from sqlalchemy import text

@@ -121,8 +121,11 @@ class Db:
         return self.quote(f"eosink_{name}")
 
     def target(self) -> str:
-        schema, name = self.opts.schema_and_name
-        return f"{self.quote(schema)}.{self.quote(name)}" if schema else self.quote(name)
+        return self.target_of(self.opts.table)
+
+    def target_of(self, table: str) -> str:
+        """``name`` or ``schema.name``, quoted."""
+        return ".".join(self.quote(p) for p in table.split("."))
 
     def columns(self, names: Iterable[str]) -> str:
         return ", ".join(self.quote(n) for n in names)

@@ -143,4 +143,5 @@ class SqlSinkOptions(BaseModel):
         u = normalized_url(self.url.get_secret_value())
         if u.get_backend_name() == "sqlite":
             return f"sqlite://{u.database}/{self.table}"
-        return f"postgresql://{u.host or 'localhost'}:{u.port or 5432}/{u.database}/{self.table}"
+        host = u.host or u.query.get("host") or "localhost"  # a unix socket's directory
+        return f"postgresql://{host}:{u.port or 5432}/{u.database}/{self.table}"

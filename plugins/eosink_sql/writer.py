@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eosink import CoordinatedSinkWriter, WriterContext
+from eosink import CoordinatedSinkWriter, SinkError, WriterContext
 from eosink.util import sink_key
 
 from .db import Db, python_rows, staging_name
@@ -49,14 +49,35 @@ class SqlWriter(CoordinatedSinkWriter[dict[str, Any]]):
         self.setup: dict[str, Any] = dict(ctx.setup or {})
         self.table = staging_name(sink_key(ctx.sink_id), ctx.epoch, ctx.attempt_id)
         self.rows = 0
+        self.epoch = ctx.epoch
         self._db: Db | None = None
         self._raw: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_db": None, "_raw": None}
 
+    def _refused(self, exc: Exception) -> SinkError:
+        """A database error of this task as a SinkError: its first line is what the user
+        reads (a value out of range, too long for its column...)."""
+        assert self._db is not None
+        return self._db.error(
+            f"epoch {self.epoch}: a task's rows could not be staged in {self.table} (nothing "
+            "was written)",
+            exc,
+        )
+
     def begin_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         self._db = Db(self.opts)
+        try:
+            self._begin()
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise self._refused(exc) from None
+
+    def _begin(self) -> None:
+        assert self._db is not None
         self._raw = self._db.engine.raw_connection()
         cur = self._raw.cursor()
         if not self._db.pg:  # sqlite3 would autocommit the CREATE: one transaction
@@ -65,6 +86,14 @@ class SqlWriter(CoordinatedSinkWriter[dict[str, Any]]):
         cur.close()
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
+        try:
+            self._write(batch)
+        except SinkError:
+            raise
+        except Exception as exc:
+            raise self._refused(exc) from None
+
+    def _write(self, batch: pa.RecordBatch) -> None:
         assert self._db is not None
         names = list(self.setup["columns"])
         batch = pa.record_batch([batch.column(n) for n in names], names=names)
@@ -92,7 +121,10 @@ class SqlWriter(CoordinatedSinkWriter[dict[str, Any]]):
         self.rows += batch.num_rows
 
     def finish_write(self, epoch: int) -> dict[str, Any]:
-        self._raw.commit()
+        try:
+            self._raw.commit()
+        except Exception as exc:
+            raise self._refused(exc) from None
         self._close()
         return {"table": self.table, "rows": self.rows}
 
