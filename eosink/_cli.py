@@ -543,18 +543,28 @@ def cmd_recover(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from .errors import SinkError
+
     rt = open_runtime(setup)  # fences every other coordinator; the sink's init runs
     dropped: list[dict[str, Any]] = []
+    rolled = 0
+    failure: SinkError | None = None
     try:
         rt.use_batch_journal()  # a crashed batch run's epoch known only beside the target
-        rt.recover(first_epoch=0)  # lineage "batch": every PENDING epoch is complete data
-        if args.drop_lost_open_files:
-            dropped = _drop_lost_open_files(rt, args.reason)
-        rolled = rt.roll(everything=True)
+        try:
+            rt.recover(first_epoch=0)  # lineage "batch": every PENDING epoch is complete data
+        except SinkError as exc:  # an epoch that still cannot be committed: reported below
+            failure = exc
+        if failure is None:
+            if args.drop_lost_open_files:
+                dropped = _drop_lost_open_files(rt, args.reason)
+            rolled = rt.roll(everything=True)
         after = {r.epoch: r.status for r in rt.store.epochs(setup.sink_id)}
     finally:
         rt.close()
         rt.store.close()
+    if failure is not None:
+        print(f"eosink recover: {_one_line(str(failure))}", file=sys.stderr)
     committed = sorted(e for e, st in before.items() if st == PENDING and after.get(e) == COMMITTED)
     aborted = sorted(e for e, st in before.items() if st == ABORTED and e not in after)
     left = sorted(e for e in before if after.get(e) in (PENDING, ABORTED))
@@ -565,7 +575,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
         + (f"; published {rolled} open file(s)" if rolled else "")
         + (f"; still not finished: {left} (see `eosink status`)" if left else "")
     )
-    return 1 if left else 0
+    return 1 if left or failure is not None else 0
 
 
 def _drop_lost_open_files(rt: Any, reason: str) -> list[dict[str, Any]]:

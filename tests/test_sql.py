@@ -384,3 +384,39 @@ def test_value_the_column_cannot_hold_is_the_first_line(
     first = str(err.value).splitlines()[0]
     assert "out of range for type integer" in first, str(err.value)[:2000]
     assert _rows(pg_url, table) == []
+
+
+def test_staging_dropped_behind_eosinks_back_has_a_way_out(
+    spark: Any, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A PENDING epoch whose staging table someone dropped: `eosink recover` says it cannot
+    be finished (exit 1, the reason on stderr); `eosink abandon --accept-data-loss` records
+    the loss; the sink then goes on."""
+    import json
+
+    from eosink._cli import main as cli
+    from eosink.faults import SimulatedCrash, simulate
+
+    table = f"w_{uuid.uuid4().hex[:8]}"
+    o = _opts(pg_url, tmp_path, table, create_table=True)
+    df = spark.createDataFrame([(1, "a"), (2, "b")], "id long, v string")
+    with simulate("after_persist"), pytest.raises(SimulatedCrash):
+        eosink.run(df, sink="sql", epoch=1, **o)
+    staged = _staging_tables(pg_url, o["staging_schema"])
+    assert staged  # one per task that wrote rows
+    _exec(pg_url, f'DROP TABLE "{o["staging_schema"]}"."{staged[0]}"')
+    sink_opts = {k: v for k, v in o.items() if k != "metastore_url"}
+    args = ["--metastore-url", o["metastore_url"]]
+    capsys.readouterr()
+    code = cli(["recover", "--sink", "sql", *args, "--options-json", json.dumps(sink_opts)])
+    err = capsys.readouterr().err
+    assert code == 1 and "is gone but the epoch is not committed" in err, err
+    assert "eosink abandon" in err
+    sink_id = f"sql:{eosink.get_sink('sql').parse_options(sink_opts).target_label}"
+    abandon = ["abandon", *args, "--sink-id", sink_id, "--epoch", "1", "--reason", "dropped"]
+    assert cli([*abandon, "--accept-data-loss"]) == 0
+    assert _epochs(o["metastore_url"]) == {1: "ABORTED"}  # a recorded loss, not PENDING
+    later = spark.createDataFrame([(3, "c")], "id long, v string")
+    assert eosink.run(later, sink="sql", epoch=2, **o).committed
+    assert [r["id"] for r in _rows(pg_url, table)] == [3]
+    assert _epochs(o["metastore_url"]).get(2) == "COMMITTED"
