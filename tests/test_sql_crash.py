@@ -65,6 +65,17 @@ def sql_job(tmp: Path, mode: str, url: str, **more: Any) -> Job:
     return Job(tmp, mode, f"sqlite:///{tmp / 'meta.db'}", sink_options=opts, sink="sql")
 
 
+def cdc_job(tmp: Path, url: str, files: int) -> Job:
+    """A change stream job (upserts by ``grp``, the largest ``id`` of an epoch winning, every
+    7th id a delete) over ``files`` input files taken in name order."""
+    job = sql_job(
+        tmp, "stream", url, sink_mode="upsert", keys=["grp"], order_by="id", op_column="op"
+    )
+    make_input(job.input, files=files, rows=ROWS)
+    _in_name_order(job)
+    return job
+
+
 def _read(url: str) -> tuple[list[tuple[int, str, str]], list[str]]:
     """The table's rows (id, grp, payload) and eosink's staging tables, with plain SQL."""
     eng = _engine(url)
@@ -162,33 +173,13 @@ def test_sql_batch_crash(tmp_path: Path, target_db: str, faults: list[str]) -> N
 
 @pytest.mark.parametrize("faults", CDC_FAULTS, ids=lambda f: "+".join(f))
 def test_sql_cdc_stream_crash(tmp_path: Path, target_db: str, faults: list[str]) -> None:
-    job = sql_job(
-        tmp_path,
-        "stream",
-        target_db,
-        sink_mode="upsert",
-        keys=["grp"],
-        order_by="id",
-        op_column="op",
-    )
-    make_input(job.input, files=5, rows=ROWS)
-    _in_name_order(job)
+    job = cdc_job(tmp_path, target_db, files=5)
     _crash_and_recover(job, faults)
     _check(job, target_db, _cdc_state(job))
 
 
 def test_sql_cdc_random_kills(tmp_path: Path, target_db: str) -> None:
     """A change stream whose driver is killed at random instants, then let finish."""
-    job = sql_job(
-        tmp_path,
-        "stream",
-        target_db,
-        sink_mode="upsert",
-        keys=["grp"],
-        order_by="id",
-        op_column="op",
-    )
-    make_input(job.input, files=8, rows=ROWS)
-    _in_name_order(job)
+    job = cdc_job(tmp_path, target_db, files=8)
     run_with_random_kills(job, random.Random("sql-cdc"), window=2.5, attempts=3)
     _check(job, target_db, _cdc_state(job))
