@@ -24,6 +24,10 @@ Section "Rolling files and S3" (``--only rolling,s3 --splice`` rewrites just tha
 * s3: eosink's file sink to ``s3://`` on moto's server / boto3 ``upload_file`` of the same
   bytes (>= 0.8); a rolling JSON stream to S3 (information)
 
+Part "sql" (``bench/_sql.py``): a stream into PostgreSQL, eosink's sql sink / Spark's JDBC
+writer in ``foreachBatch`` (append, >= 1.5) and / a naive ``foreachBatch`` of psycopg
+``executemany`` ``INSERT ... ON CONFLICT`` (upsert, >= 3).
+
 Section "Kafka" (``--only kafka --splice`` rewrites just that section; ``bench/_kafka.py``):
 Kafka -> Spark -> Kafka at a 1 s trigger on a real broker, eosink's kafka sink / the faster of
 Spark's ``writeStream.format("kafka")`` and a naive ``foreachBatch`` with a confluent-kafka
@@ -69,6 +73,7 @@ PARTS = (
     "rolling",
     "s3",
     "kafka",
+    "sql",
 )
 SECTION = "## Rolling files and S3"  # the section the rolling and s3 parts report in
 # The order of the report's ratio rows (the issue's), by the start of their measure.
@@ -94,7 +99,7 @@ PART_ROWS: dict[str, list[tuple[str, float | None]]] = {
         ("rolling, 1 s trigger: throughput (wall), eosink rolling / Spark", 0.9),
     ],
     "s3": [("S3 batch: eosink file sink to `s3://` / boto3 `upload_file`", 0.8)],
-}
+}  # the sql part reports its own failed rows (bench/_sql.py)
 
 
 def log(msg: str) -> None:
@@ -645,6 +650,11 @@ def main() -> int:
         if "kafka" in parts:
             got, tables["kafka"], runtime["kafka"] = kafka_part(tmp, a.quick)
             rows += got
+        if "sql" in parts:
+            from ._sql import sql_rows
+
+            log("[sql] streams into PostgreSQL")
+            rows += sql_rows(data, size.reps, size.files_per_trigger, tmp, log)
         took = time.time() - started
         print_rows(rows)
         if out is not None and a.splice and parts == {"kafka"}:
