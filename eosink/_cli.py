@@ -182,7 +182,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             aborted = [e.epoch for e in store.epochs(s.sink_id, (ABORTED,))]
             recent = store.epochs(s.sink_id, (COMMITTED,), limit=args.recent)
             losses = store.losses(s.sink_id)
-            open_items, open_note = _open_at_target(store, s, pending_rows)
+            open_items, open_note = _open_at_target(s, pending_rows, recent[-1:])
             out.append(
                 {
                     "sink_id": s.sink_id,
@@ -346,12 +346,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _open_at_target(
-    store: Any, sink: Any, pending_rows: list[Any]
+    sink: Any, pending_rows: list[Any], last: list[Any]
 ) -> tuple[list[dict[str, Any]] | None, str | None]:
     """What the sink holds open at its target (open rolling files, transactions of PENDING
-    epochs), from its plugin's ``describe_open`` over the stored committables, and a note
-    when that cannot be told here. None when the sink does not describe it."""
-    from ._metastore import COMMITTED
+    epochs), from its plugin's ``describe_open`` over the stored committables (``last``: the
+    last COMMITTED epoch's record, or none), and a note when that cannot be told here. None
+    when the sink does not describe it."""
     from .errors import EosinkError
     from .registry import get_sink
 
@@ -367,7 +367,6 @@ def _open_at_target(
         return codec.decode(r.committable, r.codec_version)
 
     try:
-        last = store.epochs(sink.sink_id, (COMMITTED,), limit=1)
         pending = {r.epoch: decoded(r) for r in pending_rows if r.committable is not None}
         last_c = decoded(last[-1]) if last and last[-1].committable is not None else None
         items = plugin.describe_open(sink.sink_id, last_c, pending)

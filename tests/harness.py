@@ -26,6 +26,19 @@ def payload(i: int, pad: int = 0) -> str:
     return f"{text}-{'x' * pad}" if pad else text
 
 
+def status_json(url: str, capsys: Any) -> dict[str, Any]:
+    """The one sink of ``eosink status --json`` on the meta store ``url`` (through the CLI's
+    ``main``; ``capsys`` is pytest's fixture)."""
+    import json
+
+    from eosink._cli import main as cli
+
+    capsys.readouterr()
+    assert cli(["status", "--metastore-url", url, "--json"]) == 0
+    (sink,) = json.loads(capsys.readouterr().out)
+    return dict(sink)
+
+
 def make_input(directory: Path, files: int = 4, rows: int = 300, pad: int = 0) -> list[int]:
     """Parquet input files with distinct ids; returns every id.
 

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from harness import make_input
+from harness import make_input, status_json
 
 import eosink
 
@@ -47,16 +47,6 @@ def _stream(spark: Any, src: Path, **kw: Any) -> Any:
         "maxFilesPerTrigger", 1
     )
     return df.parquet(str(src))
-
-
-def _status(url: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    """The one sink of ``eosink status --json``."""
-    from eosink._cli import main as cli
-
-    capsys.readouterr()
-    assert cli(["status", "--metastore-url", url, "--json"]) == 0
-    (sink,) = json.loads(capsys.readouterr().out)
-    return dict(sink)
 
 
 def _staged(root: Path) -> list[Path]:
@@ -336,14 +326,14 @@ def test_s3_tail_under_a_part_waits_staged_for_many_epochs(
         staged = [k for k, _ in _s3_keys(c, b) if "/_eosink_staging/" in k]
         assert len(staged) >= 10  # every epoch's piece, at least one per epoch
         # `eosink status` lists the open file: every row so far, no upload started yet.
-        running = _status(url, capsys)
+        running = status_json(url, capsys)
         (open_file,) = running["open_at_target"]
         assert open_file["kind"] == "open file" and open_file["rows"] == len(ids)
         assert open_file["end_epoch"] == running["last_committed_epoch"]
         assert open_file["s3_upload_id"] is None and open_file["file"].startswith("part-")
     finally:
         h.stop()
-    stopped = _status(url, capsys)  # the stop published it: nothing is open
+    stopped = status_json(url, capsys)  # the stop published it: nothing is open
     assert stopped["open_at_target"] == [] and stopped["last_roll"]["everything"] is True
     assert "published by the roll" in stopped["open_at_target_note"]
     keys = _s3_visible(c, b)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import status_json
 
 import eosink
 from eosink.faults import SimulatedCrash, simulate
@@ -75,16 +76,6 @@ def _opts(kafka: Any, topic: str | None, tmp_path: Path, **more: Any) -> dict[st
         "metastore_url": f"sqlite:///{tmp_path / 'm.db'}",
         **more,
     }
-
-
-def _status(url: str, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    """The one sink of ``eosink status --json``."""
-    from eosink._cli import main as cli
-
-    capsys.readouterr()
-    assert cli(["status", "--metastore-url", url, "--json"]) == 0
-    (sink,) = json.loads(capsys.readouterr().out)
-    return dict(sink)
 
 
 def _events(spark: Any, n: int, parts: int = 4, keys: int = 10) -> Any:
@@ -223,7 +214,7 @@ def test_replayed_commit_publishes_nothing_twice(
     with simulate(point, 2), pytest.raises(SimulatedCrash):
         eosink.run(_events(spark, n), sink="kafka", epoch=3, **opts)
     # `eosink status` names the transactions the PENDING epoch's commit runs.
-    pending = _status(opts["metastore_url"], capsys)
+    pending = status_json(opts["metastore_url"], capsys)
     assert pending["pending_epochs"] == [3]
     key = sink_key(pending["sink_id"])
     txns = pending["open_at_target"]
@@ -236,7 +227,7 @@ def test_replayed_commit_publishes_nothing_twice(
     assert f"transaction: eosink-{key}-0: epoch 3" in capsys.readouterr().out
     r = eosink.run(_events(spark, n), sink="kafka", epoch=3, **opts)
     assert r.committed and r.recovered  # the PENDING epoch was committed by recovery
-    done = _status(opts["metastore_url"], capsys)
+    done = status_json(opts["metastore_url"], capsys)
     assert done["open_at_target"] == [] and done["open_at_target_note"] == "nothing"
     committed = _ids(read_topic(kafka.bootstrap, topic))
     assert sorted(committed) == list(range(n))

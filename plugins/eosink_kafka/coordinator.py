@@ -30,7 +30,7 @@ from eosink import (
     fault_point,
 )
 
-from .options import KafkaSinkOptions, check_columns, sink_key
+from .options import KafkaSinkOptions, check_columns, sink_key, transactional_id
 from .staging import (
     LocalStage,
     S3Stage,
@@ -73,7 +73,7 @@ def describe_open(
         for n, chunks in sorted(pending[epoch]["slots"].items(), key=lambda kv: int(kv[0])):
             if not chunks:
                 continue
-            txn = f"eosink-{key}-{n}"
+            txn = transactional_id(key, n)
             records = sum(int(c[2]) - int(c[1]) for c in chunks)
             out.append(
                 {
@@ -216,7 +216,7 @@ class KafkaCoordinator(
         slot = self.slots.get(n)
         if slot is None:
             slot = self.slots[n] = Slot(
-                self.opts, f"eosink-{self.key}-{n}", self.control_topic, f"{self.key}/{n}"
+                self.opts, transactional_id(self.key, n), self.control_topic, f"{self.key}/{n}"
             )
         return slot
 

@@ -18,6 +18,7 @@ __all__ = [
     "check_columns",
     "redact",
     "sink_key",
+    "transactional_id",
 ]
 
 COLUMNS = ("value", "key", "headers", "topic", "partition")
@@ -34,6 +35,11 @@ _OWNED = {
 # What the sink assumes a producer sends at the least: a chunk must fit in the transaction
 # timeout at this rate (checked when the options are read).
 MIN_RATE_BYTES_PER_S = 1024 * 1024
+
+
+def transactional_id(key: str, slot: int | str) -> str:
+    """The transactional id of slot ``slot`` of the pool of the sink whose key is ``key``."""
+    return f"eosink-{key}-{slot}"
 
 
 class KafkaSinkOptions(S3Options):

@@ -248,7 +248,7 @@ class SqlCoordinator(
         db = self.db
         try:
             with db.engine.connect() as conn:
-                present = {n for n, e in db.staging_tables(conn, self.key) if e == epoch}
+                present = {n for n, _ in db.staging_tables(conn, self.key, epoch)}
                 for r in results:
                     if not int(r["rows"]):
                         continue
@@ -335,14 +335,8 @@ class SqlCoordinator(
         db = self.db
         try:
             with db.engine.begin() as conn:
-                done = conn.execute(
-                    text(
-                        f"SELECT 1 FROM {db.own('sql_epochs')} WHERE sink_key = :k AND epoch = :e"
-                    ),
-                    {"k": self.key, "e": epoch},
-                ).first()
-                if done is None:
-                    present = {n for n, e in db.staging_tables(conn, self.key) if e == epoch}
+                if not self._committed(conn, epoch):
+                    present = {n for n, _ in db.staging_tables(conn, self.key, epoch)}
                     missing = [t for t in committable["tables"] if t not in present]
                     if missing:
                         raise SinkError(
@@ -365,8 +359,9 @@ class SqlCoordinator(
         except sa_exc.IntegrityError as exc:
             # Another coordinator (a zombie) committed the epoch concurrently: its
             # transaction won, ours rolled back. Done, if its row is there.
-            if self._committed(epoch):
-                return
+            with db.engine.connect() as conn:
+                if self._committed(conn, epoch):
+                    return
             raise db.error(f"epoch {epoch}'s commit", exc) from None
         except sa_exc.OperationalError as exc:
             from eosink import CommitStateUnknownError
@@ -379,20 +374,15 @@ class SqlCoordinator(
         except sa_exc.DBAPIError as exc:
             raise db.error(f"epoch {epoch}'s commit", exc) from None
 
-    def _committed(self, epoch: int) -> bool:
+    def _committed(self, conn: Any, epoch: int) -> bool:
+        """Whether the epoch's row is in ``sql_epochs`` (its commit is done)."""
         from sqlalchemy import text
 
-        with self.db.engine.connect() as conn:
-            return (
-                conn.execute(
-                    text(
-                        f"SELECT 1 FROM {self.db.own('sql_epochs')} "
-                        "WHERE sink_key = :k AND epoch = :e"
-                    ),
-                    {"k": self.key, "e": epoch},
-                ).first()
-                is not None
-            )
+        row = conn.execute(
+            text(f"SELECT 1 FROM {self.db.own('sql_epochs')} WHERE sink_key = :k AND epoch = :e"),
+            {"k": self.key, "e": epoch},
+        ).first()
+        return row is not None
 
     def _apply(self, conn: Any, epoch: int, committable: dict[str, Any]) -> None:
         """The epoch's statements (no commit): append, or deletes then upserts."""
@@ -452,17 +442,16 @@ class SqlCoordinator(
     def _drop(self, conn: Any, epoch: int) -> None:
         from sqlalchemy import text
 
-        for name, e in sorted(self.db.staging_tables(conn, self.key)):
-            if e == epoch:
-                conn.execute(text(f"DROP TABLE IF EXISTS {self.db.staging(name)}"))
+        for name, _ in self.db.staging_tables(conn, self.key, epoch):
+            conn.execute(text(f"DROP TABLE IF EXISTS {self.db.staging(name)}"))
 
     def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
         """Drop every staging table of the epoch (all attempts), one at a time."""
         from sqlalchemy import text
 
         with self.db.engine.connect() as conn:
-            names = [n for n, e in self.db.staging_tables(conn, self.key) if e == epoch]
-        for i, name in enumerate(sorted(names)):
+            names = [n for n, _ in self.db.staging_tables(conn, self.key, epoch)]
+        for i, name in enumerate(names):
             if i:
                 fault_point("mid_abort")
             with self.db.engine.begin() as conn:

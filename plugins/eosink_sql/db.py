@@ -153,8 +153,11 @@ class Db:
             )
         )
 
-    def staging_tables(self, conn: Any, key: str) -> list[tuple[str, int]]:
-        """The staging tables of sink ``key``: (name, epoch)."""
+    def staging_tables(
+        self, conn: Any, key: str, epoch: int | None = None
+    ) -> list[tuple[str, int]]:
+        """The staging tables of sink ``key`` (of one ``epoch`` if given): (name, epoch),
+        sorted."""
         from sqlalchemy import text
 
         if self.pg:
@@ -173,9 +176,9 @@ class Db:
         out = []
         for name in rows:
             m = _STAGING.fullmatch(name.removeprefix("eosink_"))
-            if m and m.group(1) == key:
+            if m and m.group(1) == key and (epoch is None or int(m.group(2)) == epoch):
                 out.append((name.removeprefix("eosink_"), int(m.group(2))))
-        return out
+        return sorted(out)
 
     def staging(self, name: str) -> str:
         """A staging table's name, quoted and qualified."""
