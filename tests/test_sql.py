@@ -4,6 +4,7 @@ the checks made before an epoch is persisted. Every result is read back with pla
 
 from __future__ import annotations
 
+import datetime
 import re
 import sqlite3
 import uuid
@@ -382,8 +383,58 @@ def test_value_the_column_cannot_hold_is_the_first_line(
     with pytest.raises(eosink.SinkError) as err:
         eosink.run(df, sink="sql", epoch=1, **o)
     first = str(err.value).splitlines()[0]
-    assert "out of range for type integer" in first, str(err.value)[:2000]
+    # the Arrow cast before binary COPY (ADBC), or PostgreSQL's own check (CSV)
+    assert re.search(r"column 'id' .*not in range|out of range for type integer", first), str(
+        err.value
+    )[:2000]
     assert _rows(pg_url, table) == []
+
+
+def test_binary_copy_where_every_column_fits_csv_elsewhere(
+    spark: Any, pg_url: str, tmp_path: Path
+) -> None:
+    """Writers load PostgreSQL by binary COPY (ADBC) when every column's Arrow type has a
+    binary form for its column, bytes and a zoned timestamp included; a JSONB, a UUID or a
+    number into a TEXT column makes them send CSV, which PostgreSQL converts as always.
+    Both land every row as the table's types say."""
+    from eosink_sql.coordinator import SqlCoordinator
+    from eosink_sql.options import SqlSinkOptions
+
+    plain, mixed = f"b_{uuid.uuid4().hex[:8]}", f"c_{uuid.uuid4().hex[:8]}"
+    _exec(
+        pg_url,
+        f'CREATE TABLE "{plain}" (id INTEGER PRIMARY KEY, raw BYTEA, at TIMESTAMPTZ, n REAL)',
+        f'CREATE TABLE "{mixed}" (id BIGINT, doc JSONB, u UUID, label TEXT)',
+    )
+    df1 = spark.sql(
+        "SELECT id, unhex('00ff10') AS raw, timestamp'2026-03-01 12:00:00+00:00' AS at, "
+        "id / 4 AS n FROM range(3)"
+    )
+    df2 = spark.sql(
+        "SELECT id, to_json(named_struct('k', id)) AS doc, "
+        "'5b1f3a1c-0c5e-4bd0-9d5a-7c0b6bde9d0' || id AS u, id * 10 AS label FROM range(3)"
+    )
+    for table, df, binary in ((plain, df1, True), (mixed, df2, False)):
+        o = _opts(pg_url, tmp_path, table)
+        opts = SqlSinkOptions(url=o["url"], table=table, staging_schema=o["staging_schema"])
+        coord = SqlCoordinator(opts, "probe")
+        try:
+            coord.init()
+            setup = coord.writer_setup(df.toArrow().schema)
+        finally:
+            coord.close()
+        assert (setup["binary"] is not None) is binary, setup
+        assert eosink.run(df, sink="sql", epoch=1, **o).rows == 3
+    rows = _rows(pg_url, plain)
+    assert [bytes(r["raw"]) for r in rows] == [b"\x00\xff\x10"] * 3
+    assert {str(r["at"].astimezone(datetime.timezone.utc)) for r in rows} == {
+        str(datetime.datetime(2026, 3, 1, 12, tzinfo=datetime.timezone.utc))
+    }
+    assert [r["n"] for r in rows] == [0.0, 0.25, 0.5]
+    got = _rows(pg_url, mixed)
+    assert [(r["doc"], str(r["u"])[-2:], r["label"]) for r in got] == [
+        ({"k": i}, f"0{i}", str(i * 10)) for i in range(3)
+    ]
 
 
 def test_staging_dropped_behind_eosinks_back_has_a_way_out(

@@ -4,10 +4,20 @@
 checks the DataFrame's columns against the target's and, for upserts, the target's unique
 key; and hands the writers the statement that creates a staging table with the target's
 column types. ``pre_commit`` checks that every staging table holds the rows its task
-reported and that no key repeats within the epoch without ``order_by``. ``commit`` moves the
-epoch's rows into the target, inserts the epoch's row in ``sql_epochs`` and drops the
-epoch's staging tables, in one transaction: a reader sees the epoch completely or not at
-all, and a replayed commit finds the epoch's row and does nothing.
+reported and that no key repeats within the epoch without ``order_by``, then runs the
+commit's statements. ``commit`` moves the epoch's rows into the target, inserts the epoch's
+row in ``sql_epochs`` and drops the epoch's staging tables, in one transaction: a reader
+sees the epoch completely or not at all, and a replayed commit finds the epoch's row and
+does nothing.
+
+On PostgreSQL the transaction ``pre_commit`` ran the statements in is *held* open (idle, up
+to :data:`HOLD_S` seconds, named ``eosink-hold <sink key> <epoch>`` in
+``pg_stat_activity``) and ``commit`` finishes it: the epoch's rows are moved once, and
+nothing is visible before the commit. When the held transaction is gone (the driver died,
+the commit runs in another process, the server ended it), ``commit`` runs the statements
+again in a new transaction, after ending any held transaction of the epoch another
+(crashed or paused) coordinator left, whose locks would block it. SQLite has one writer at
+a time: there ``pre_commit`` runs the statements and rolls them back (a trial).
 """
 
 from __future__ import annotations
@@ -38,6 +48,12 @@ from .options import SqlSinkOptions
 __all__ = ["SqlCoordinator", "make_coordinator", "validate_schema"]
 
 log = logging.getLogger("eosink.sql")
+
+HOLD_S = 120
+"""How long PostgreSQL keeps a held phase-1 transaction that is idle (its
+``idle_in_transaction_session_timeout``): past it the server ends the transaction and the
+commit moves the rows again. It bounds how long a paused (zombie) driver's locks can delay
+another driver's recovery."""
 
 
 def _transient(exc: BaseException) -> bool:
@@ -84,6 +100,7 @@ class SqlCoordinator(
         self.key = sink_key(sink_id)
         self.db = Db(opts)
         self._data_columns: list[str] = []
+        self._held: dict[int, tuple[Any, Any]] = {}  # epoch -> (connection, transaction)
 
     # -- set-up and checks ---------------------------------------------------------------
     def init(self) -> None:
@@ -213,7 +230,41 @@ class SqlCoordinator(
             )
         else:
             create = f"CREATE TABLE {{table}} AS SELECT {select} FROM {db.target()} WHERE 0"
-        return {"create": create, "columns": staged, "op_column": self.opts.op_column}
+        return {
+            "create": create,
+            "columns": staged,
+            "op_column": self.opts.op_column,
+            "binary": self._binary_kinds(f"SELECT {select} FROM {db.target()}", schema, staged),
+        }
+
+    def _binary_kinds(self, select: str, schema: pa.Schema, staged: list[str]) -> list[str] | None:
+        """Per staged column, the Arrow type the writers cast it to for binary ``COPY``
+        (ADBC), or None: every column must fit, else the writers send CSV (PostgreSQL
+        converts text the way it always does). From the staging table's column types."""
+        if not self.db.pg:
+            return None
+        try:
+            import adbc_driver_postgresql  # noqa: F401
+        except ImportError:
+            log.info("sql sink: adbc-driver-postgresql is not installed: loading CSV")
+            return None
+        from .db import binary_kind
+
+        with self.db.engine.connect() as conn:
+            cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+            try:
+                cur.execute(f"{select} LIMIT 0")
+                desc: Any = cur.description
+                oids = [int(d[1]) for d in desc]
+            finally:
+                cur.close()
+            conn.rollback()
+        kinds = [
+            binary_kind(schema.field(n).type, oid) for n, oid in zip(staged, oids, strict=True)
+        ]
+        if any(k is None for k in kinds):
+            return None
+        return [str(k) for k in kinds]
 
     def _ddl(self, name: str, schema: pa.Schema) -> str:
         t = sql_type_of(schema.field(name).type)
@@ -237,9 +288,10 @@ class SqlCoordinator(
 
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
         """Every staging table holds its task's rows, no key repeats without ``order_by``,
-        and the commit's statements succeed: they run once here, in a transaction that is
-        rolled back, so that a row the target refuses (NULL in a NOT NULL column, a CHECK,
-        a foreign key, a duplicate of a unique key) fails the epoch before it is PENDING."""
+        and the commit's statements succeed: they run here, so that a row the target
+        refuses (NULL in a NOT NULL column, a CHECK, a foreign key, a duplicate of a unique
+        key, deferred constraints too) fails the epoch before it is PENDING. On PostgreSQL
+        their transaction is held for ``commit``; on SQLite it is rolled back."""
         from sqlalchemy import text
 
         tables = sorted(r["table"] for r in results if int(r["rows"]))
@@ -267,7 +319,10 @@ class SqlCoordinator(
                 if tables and self.opts.keys:
                     self._check_repeats(conn, epoch, tables)
             if tables:
-                self._trial(epoch, committable)
+                if db.pg:
+                    self._hold(epoch, committable)
+                else:
+                    self._trial(epoch, committable)
         except SinkError:
             raise
         except Exception as exc:
@@ -292,6 +347,90 @@ class SqlCoordinator(
                 tx.rollback()
         finally:
             conn.close()
+
+    def _hold_name(self, epoch: int) -> str:
+        return f"eosink-hold {self.key} {epoch}"
+
+    def _hold(self, epoch: int, committable: dict[str, Any]) -> None:
+        """Run the epoch's statements in a transaction kept open for :meth:`commit`."""
+        from sqlalchemy import exc as sa_exc
+        from sqlalchemy import text
+
+        self._release(epoch)  # a hold of an earlier attempt of this epoch, by this object
+        conn = self.db.engine.connect()
+        tx = conn.begin()
+        try:
+            conn.execute(
+                text(
+                    "SELECT set_config('application_name', :n, true), "
+                    "set_config('idle_in_transaction_session_timeout', :t, true)"
+                ),
+                {"n": self._hold_name(epoch), "t": f"{HOLD_S}s"},
+            )
+            self._apply(conn, epoch, committable)
+            conn.execute(text("SET CONSTRAINTS ALL IMMEDIATE"))  # deferred ones: now
+        except sa_exc.DBAPIError as exc:
+            tx.rollback()
+            conn.close()
+            raise self.db.error(
+                f"epoch {epoch} is refused by table {committable['spec']['table']} (its "
+                "statements were tried and rolled back; nothing was written)",
+                exc,
+            ) from None
+        except BaseException:
+            tx.rollback()
+            conn.close()
+            raise
+        self._held[epoch] = (conn, tx)
+
+    def _release(self, epoch: int) -> None:
+        """Roll back this object's held transaction of ``epoch``, if any."""
+        held = self._held.pop(epoch, None)
+        if held is None:
+            return
+        conn, tx = held
+        try:
+            tx.rollback()
+        except Exception:  # the connection is gone: so is the transaction
+            log.debug("sql sink: rolling back a held transaction failed", exc_info=True)
+        finally:
+            conn.close()
+
+    def _end_other_holds(self, epoch: int) -> None:
+        """End the held transactions of ``epoch`` that other coordinators (a crashed or a
+        paused driver) left open: their locks on the staging tables and the target's rows
+        would block this commit or abort until the server's idle timeout."""
+        from sqlalchemy import text
+
+        if not self.db.pg:
+            return
+        try:
+            with self.db.engine.connect() as conn:
+                ended = conn.execute(
+                    text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE application_name = :n AND datname = current_database() "
+                        "AND pid <> pg_backend_pid()"
+                    ),
+                    {"n": self._hold_name(epoch)},
+                ).all()
+                conn.commit()
+            if ended:
+                log.info(
+                    "sql sink %s epoch %d: ended %d transaction(s) another coordinator held",
+                    self.sink_id,
+                    epoch,
+                    len(ended),
+                )
+        except Exception as exc:  # not allowed (another role's session): wait for the timeout
+            log.warning(
+                "sql sink %s epoch %d: cannot end transactions other coordinators hold (%s); "
+                "waiting for them (at most %d s)",
+                self.sink_id,
+                epoch,
+                str(getattr(exc, "orig", exc)).strip().splitlines()[0],
+                HOLD_S,
+            )
 
     def _check_repeats(self, conn: Any, epoch: int, tables: list[str]) -> None:
         from sqlalchemy import text
@@ -330,9 +469,11 @@ class SqlCoordinator(
         dropped. Idempotent by the epoch's row. Applied as the committable's ``spec`` says
         (the options the epoch was staged with)."""
         from sqlalchemy import exc as sa_exc
-        from sqlalchemy import text
 
         db = self.db
+        if epoch in self._held and self._finish_held(epoch, committable):
+            return
+        self._end_other_holds(epoch)
         try:
             with db.engine.begin() as conn:
                 if not self._committed(conn, epoch):
@@ -347,14 +488,7 @@ class SqlCoordinator(
                         )
                     self._apply(conn, epoch, committable)
                     fault_point("mid_commit")
-                    conn.execute(
-                        text(
-                            f"INSERT INTO {db.own('sql_epochs')} "
-                            "(sink_key, epoch, committed_at, rows_written) "
-                            "VALUES (:k, :e, :t, :r)"
-                        ),
-                        {"k": self.key, "e": epoch, "t": time.time(), "r": committable["rows"]},
-                    )
+                    self._epoch_row(conn, epoch, committable)
                 self._drop(conn, epoch)
         except sa_exc.IntegrityError as exc:
             # Another coordinator (a zombie) committed the epoch concurrently: its
@@ -373,6 +507,46 @@ class SqlCoordinator(
             raise
         except sa_exc.DBAPIError as exc:
             raise db.error(f"epoch {epoch}'s commit", exc) from None
+
+    def _epoch_row(self, conn: Any, epoch: int, committable: dict[str, Any]) -> None:
+        from sqlalchemy import text
+
+        conn.execute(
+            text(
+                f"INSERT INTO {self.db.own('sql_epochs')} "
+                "(sink_key, epoch, committed_at, rows_written) VALUES (:k, :e, :t, :r)"
+            ),
+            {"k": self.key, "e": epoch, "t": time.time(), "r": committable["rows"]},
+        )
+
+    def _finish_held(self, epoch: int, committable: dict[str, Any]) -> bool:
+        """Commit the transaction ``pre_commit`` held; False when it is gone (the caller
+        then commits the epoch anew: idempotent, by the epoch's row)."""
+        from sqlalchemy import exc as sa_exc
+
+        conn, tx = self._held.pop(epoch)
+        try:
+            fault_point("mid_commit")
+            self._epoch_row(conn, epoch, committable)
+            self._drop(conn, epoch)
+            tx.commit()
+            return True
+        except sa_exc.DBAPIError as exc:
+            log.info(
+                "sql sink %s epoch %d: the transaction held since phase 1 is gone (%s); "
+                "committing the epoch anew",
+                self.sink_id,
+                epoch,
+                str(getattr(exc, "orig", exc)).strip().splitlines()[0],
+            )
+            try:
+                tx.rollback()
+            except Exception:
+                pass
+            return False
+        finally:
+            if not tx.is_active:
+                conn.close()
 
     def _committed(self, conn: Any, epoch: int) -> bool:
         """Whether the epoch's row is in ``sql_epochs`` (its commit is done)."""
@@ -449,6 +623,8 @@ class SqlCoordinator(
         """Drop every staging table of the epoch (all attempts), one at a time."""
         from sqlalchemy import text
 
+        self._release(epoch)
+        self._end_other_holds(epoch)
         with self.db.engine.connect() as conn:
             names = [n for n, _ in self.db.staging_tables(conn, self.key, epoch)]
         for i, name in enumerate(names):
@@ -496,6 +672,8 @@ class SqlCoordinator(
             )
 
     def close(self) -> None:
+        for epoch in list(self._held):
+            self._release(epoch)
         self.db.close()
 
 

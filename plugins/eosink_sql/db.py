@@ -26,7 +26,7 @@ from eosink.util import redact
 
 from .options import SqlSinkOptions, normalized_url
 
-__all__ = ["Db", "sql_type_of", "staging_name"]
+__all__ = ["Db", "adbc_uri", "arrow_type_of", "binary_kind", "sql_type_of", "staging_name"]
 
 _STAGING = re.compile(r"stg_([0-9a-f]{16})_(\d+)_([a-z0-9_]+)")
 
@@ -64,6 +64,80 @@ def sql_type_of(t: pa.DataType) -> Any:
     if pa.types.is_timestamp(t):
         return sa.DateTime(timezone=t.tz is not None)
     return None
+
+
+# PostgreSQL types (by OID) whose binary COPY input ADBC writes from these Arrow types.
+_BINARY_OF_OID = {
+    16: "bool",
+    21: "int16",
+    23: "int32",
+    20: "int64",
+    700: "float32",
+    701: "float64",
+    25: "string",
+    1043: "string",
+    1042: "string",
+    17: "binary",
+    1082: "date32",
+    1114: "timestamp",
+    1184: "timestamp_utc",
+    1700: "decimal",
+}
+
+
+def binary_kind(source: pa.DataType, oid: int) -> str | None:
+    """How a column of Arrow type ``source`` is loaded into a staging column of type
+    ``oid`` by binary ``COPY`` (ADBC), or None when only CSV keeps the database's own
+    conversion (a string into a ``JSONB``, a number into a ``TEXT``...)."""
+    kind = _BINARY_OF_OID.get(oid)
+    t = source
+    if kind is None:
+        return None
+    if pa.types.is_null(t):
+        return None if kind == "decimal" else kind
+    fits = {
+        "bool": pa.types.is_boolean(t),
+        "int16": pa.types.is_integer(t),
+        "int32": pa.types.is_integer(t),
+        "int64": pa.types.is_integer(t),
+        "float32": pa.types.is_floating(t) or pa.types.is_integer(t),
+        "float64": pa.types.is_floating(t) or pa.types.is_integer(t),
+        "string": pa.types.is_string(t) or pa.types.is_large_string(t),
+        "binary": pa.types.is_binary(t) or pa.types.is_large_binary(t),
+        "date32": pa.types.is_date(t),
+        # a zoned time into TIMESTAMP: its UTC wall time (as PostgreSQL reads CSV); a naive
+        # one into TIMESTAMPTZ is read in the session's time zone: CSV
+        "timestamp": pa.types.is_timestamp(t),
+        "timestamp_utc": pa.types.is_timestamp(t) and t.tz is not None,
+        "decimal": pa.types.is_decimal128(t),
+    }[kind]
+    return kind if fits else None
+
+
+def arrow_type_of(kind: str, source: pa.DataType) -> pa.DataType:
+    """The Arrow type a column is cast to before binary ``COPY`` (see :func:`binary_kind`)."""
+    if kind == "decimal":
+        return source
+    return {
+        "bool": pa.bool_(),
+        "int16": pa.int16(),
+        "int32": pa.int32(),
+        "int64": pa.int64(),
+        "float32": pa.float32(),
+        "float64": pa.float64(),
+        "string": pa.string(),
+        "binary": pa.binary(),
+        "date32": pa.date32(),
+        "timestamp": pa.timestamp("us"),
+        "timestamp_utc": pa.timestamp("us", tz="UTC"),
+    }[kind]
+
+
+def adbc_uri(opts: SqlSinkOptions) -> str:
+    """The libpq URI ADBC's PostgreSQL driver connects with."""
+    u = normalized_url(opts.url.get_secret_value()).set(drivername="postgresql")
+    u = u.update_query_dict({"connect_timeout": str(max(1, int(opts.connect_timeout_s)))})
+    return str(u.render_as_string(hide_password=False))
 
 
 def check_types(schema: pa.Schema) -> None:

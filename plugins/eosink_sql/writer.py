@@ -1,6 +1,9 @@
 """The sql sink's writers (Spark tasks): one staging table per task attempt, loaded in one
-transaction (PostgreSQL: ``COPY ... FROM STDIN`` of CSV that pyarrow writes; SQLite:
-``executemany``). A task that dies before ``finish_write`` leaves nothing: its transaction
+transaction. PostgreSQL: binary ``COPY`` of the Arrow batches through ADBC's PostgreSQL
+driver when every column's Arrow type has a binary form for its column (the batches are
+cast to it first: a value that does not fit fails the task), else ``COPY ... FROM STDIN`` of
+CSV that pyarrow writes (PostgreSQL converts the text as it always does). SQLite:
+``executemany``. A task that dies before ``finish_write`` leaves nothing: its transaction
 is rolled back with the table it created."""
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import pyarrow.compute as pc
 from eosink import CoordinatedSinkWriter, SinkError, WriterContext
 from eosink.util import sink_key
 
-from .db import Db, python_rows, staging_name
+from .db import Db, adbc_uri, arrow_type_of, python_rows, staging_name
 from .options import SqlSinkOptions
 
 __all__ = ["SqlWriter", "make_writer"]
@@ -52,9 +55,10 @@ class SqlWriter(CoordinatedSinkWriter[dict[str, Any]]):
         self.epoch = ctx.epoch
         self._db: Db | None = None
         self._raw: Any = None
+        self._adbc: Any = None  # the ADBC connection (binary COPY), or None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_db": None, "_raw": None}
+        return {**self.__dict__, "_db": None, "_raw": None, "_adbc": None}
 
     def _refused(self, exc: Exception) -> SinkError:
         """A database error of this task as a SinkError: its first line is what the user
@@ -78,6 +82,13 @@ class SqlWriter(CoordinatedSinkWriter[dict[str, Any]]):
 
     def _begin(self) -> None:
         assert self._db is not None
+        if self._db.pg and self.setup.get("binary"):
+            import adbc_driver_postgresql.dbapi as adbc
+
+            self._adbc = adbc.connect(adbc_uri(self.opts))  # not autocommit: one transaction
+            with self._adbc.cursor() as cur:
+                cur.execute(str(self.setup["create"]).format(table=self._db.staging(self.table)))
+            return
         self._raw = self._db.engine.raw_connection()
         cur = self._raw.cursor()
         if not self._db.pg:  # sqlite3 would autocommit the CREATE: one transaction
@@ -104,7 +115,19 @@ class SqlWriter(CoordinatedSinkWriter[dict[str, Any]]):
             i = names.index(op)
             batch = batch.set_column(i, op, pc.utf8_trim_whitespace(batch.column(i)))
         table = self._db.staging(self.table)
-        if self._db.pg:
+        if self._adbc is not None:
+            cols = [
+                self._cast(name, c, arrow_type_of(k, c.type))
+                for name, c, k in zip(names, batch.columns, self.setup["binary"], strict=True)
+            ]
+            with self._adbc.cursor() as cur:
+                cur.adbc_ingest(
+                    self.table,
+                    pa.record_batch(cols, names=names),
+                    mode="append",
+                    db_schema_name=self.opts.staging_schema,
+                )
+        elif self._db.pg:
             conn = self._raw.driver_connection
             with conn.cursor() as cur:
                 sql = f"COPY {table} ({self._db.columns(names)}) FROM STDIN (FORMAT csv)"
@@ -120,22 +143,39 @@ class SqlWriter(CoordinatedSinkWriter[dict[str, Any]]):
             cur.close()
         self.rows += batch.num_rows
 
+    def _cast(self, name: str, col: pa.Array, to: pa.DataType) -> pa.Array:
+        """``col`` as ``to`` (the staging column's type); a value that does not fit fails
+        the task, naming the column."""
+        if col.type == to:
+            return col
+        try:
+            return col.cast(to)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SinkError(
+                f"sql sink {self.opts.target_label}: epoch {self.epoch}: column {name!r} of a task's rows does not fit table "
+                f"{self.opts.table}'s column (nothing was written): {exc}"
+            ) from None
+
     def finish_write(self, epoch: int) -> dict[str, Any]:
         try:
-            self._raw.commit()
+            (self._adbc or self._raw).commit()
         except Exception as exc:
             raise self._refused(exc) from None
         self._close()
         return {"table": self.table, "rows": self.rows}
 
     def abort_write(self) -> None:
-        if self._raw is not None:
+        conn = self._adbc or self._raw
+        if conn is not None:
             try:
-                self._raw.rollback()  # the table was created in this transaction: gone
+                conn.rollback()  # the table was created in this transaction: gone
             finally:
                 self._close()
 
     def _close(self) -> None:
+        if self._adbc is not None:
+            self._adbc.close()
+            self._adbc = None
         if self._raw is not None:
             self._raw.close()
             self._raw = None
