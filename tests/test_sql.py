@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import re
 import sqlite3
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -297,6 +298,92 @@ def test_stream_appends_exactly_once(spark: Any, db_url: str, tmp_path: Path) ->
     run()
     assert [r["id"] for r in _rows(db_url, table)] == ids
     assert _staging_tables(db_url, o["staging_schema"]) == []
+
+
+def test_postgres_outage_mid_stream(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A real PostgreSQL stopped and restarted under a stream. Stopped during an epoch's
+    commit (its held transaction dies with the server): the commit is retried until the
+    server is back and the stream rides it out. Stopped while micro-batches write: the
+    stream stops with a SinkError naming the target (never the password); restarted once
+    the server is back, it finishes. Exact throughout, no staging table left."""
+    import json
+    import os
+    import threading
+
+    from eosink_sql.coordinator import SqlCoordinator
+    from services import EmbeddedPostgres
+
+    pg = EmbeddedPostgres()  # its own server: stopped and restarted below
+    try:
+        inp = tmp_path / "in"
+        inp.mkdir()
+        table = f"o_{uuid.uuid4().hex[:8]}"
+        o = _opts(pg.url, tmp_path, table, create_table=True)
+
+        def feed(lo: int, hi: int) -> None:
+            tmp = tmp_path / f".{lo}.json"
+            tmp.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(lo, hi)))
+            os.replace(tmp, inp / f"{lo}.json")
+
+        def start() -> eosink.StreamingHandle:
+            h = eosink.run(
+                spark.readStream.schema("id long").json(str(inp)),
+                sink="sql",
+                checkpoint_location=str(tmp_path / "ck"),
+                trigger={"processingTime": "200 milliseconds"},
+                **o,
+            )
+            assert isinstance(h, eosink.StreamingHandle)
+            return h
+
+        # 1. The server goes down inside a commit, for ~4 s: the commit is retried.
+        commit = SqlCoordinator.commit
+        outage: list[float] = []
+
+        def commit_across_an_outage(self: Any, epoch: int, committable: Any) -> None:
+            if epoch == 1 and not outage:
+                outage.append(time.time())
+                pg.pause()
+                threading.Timer(4, lambda: (pg.resume(), outage.append(time.time()))).start()
+            commit(self, epoch, committable)
+
+        monkeypatch.setattr(SqlCoordinator, "commit", commit_across_an_outage)
+        h = start()
+        feed(0, 10)
+        h.process_all_available()
+        feed(10, 20)
+        h.process_all_available()
+        assert h.is_active
+        assert len(outage) == 2, "the server did not come back"
+        fig = next(f for f in h.figures if f.epoch == 1)
+        assert fig.committed_at > outage[1] and fig.commit_ms > 3000, fig
+        assert "commit failed (retried)" in caplog.text or "retrying in" in caplog.text
+        h.stop()
+        monkeypatch.setattr(SqlCoordinator, "commit", commit)
+        assert [r["id"] for r in _rows(pg.url, table)] == list(range(20))
+
+        # 2. Down while micro-batches write: the stream stops cleanly...
+        h = start()
+        pg.pause()
+        feed(20, 30)
+        with pytest.raises(Exception) as err:
+            h.await_termination(timeout=120)
+        text = str(err.value)
+        assert "sql sink" in text and o["table"] in text, text[:3000]
+        assert "password" not in text.lower()
+        # ... and a restart once the server is back finishes exactly.
+        pg.resume()
+        h = start()
+        feed(30, 40)
+        h.process_all_available()
+        h.stop()
+        assert [r["id"] for r in _rows(pg.url, table)] == list(range(40))
+        assert _staging_tables(pg.url, o["staging_schema"]) == []
+        assert set(_epochs(o["metastore_url"]).values()) == {"COMMITTED"}
+    finally:
+        pg.stop()
 
 
 def _exec(url: str, *sql: str) -> None:

@@ -183,3 +183,33 @@ def test_sql_cdc_random_kills(tmp_path: Path, target_db: str) -> None:
     job = cdc_job(tmp_path, target_db, files=8)
     run_with_random_kills(job, random.Random("sql-cdc"), window=2.5, attempts=3)
     _check(job, target_db, _cdc_state(job))
+
+
+def test_sql_executor_killed_before_and_after_finish(tmp_path: Path, target_db: str) -> None:
+    """A task's Python worker dies with its rows loaded into its staging table but not
+    committed (``task_before_finish``: the server rolls its transaction back, the table with
+    it), or right after ``finish_write`` (its staging table is committed, its result never
+    reaches the driver: a table no committable names). Spark retries the tasks; every row
+    lands once and no staging table is left."""
+    opts = {
+        "url": target_db,
+        "table": TABLE,
+        "create_table": True,
+        "staging_schema": SCHEMA,
+        "sink_id": "sql:crash-executor",
+    }
+    job = Job(
+        tmp_path,
+        "stream",
+        f"sqlite:///{tmp_path / 'meta.db'}",
+        sink_options=opts,
+        sink="sql",
+        master="local[2,3]",
+    )
+    make_input(job.input, files=2, rows=ROWS)
+    assert job.run(fault="task_before_finish") == 0, job.last_log()
+    assert "task_before_finish" in job.fired()
+    make_input(job.input, files=4, rows=ROWS)  # the first two rewritten as they were
+    assert job.run(fault="task_after_finish") == 0, job.last_log()
+    assert "task_after_finish" in job.fired()
+    _check(job, target_db, _appended(job))

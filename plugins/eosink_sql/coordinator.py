@@ -580,12 +580,15 @@ class SqlCoordinator(
         src = cols + ([order] if order and order not in cols else []) + ([op] if op else [])
         # The largest order_by wins; a NULL one never does (NULLs sort last here, as on
         # SQLite; PostgreSQL would put them first in DESC).
-        rank = f"ORDER BY ({db.quote(order)} IS NULL), {db.quote(order)} DESC" if order else ""
-        latest = (
-            f"SELECT * FROM (SELECT {db.columns(src)}, ROW_NUMBER() OVER "
-            f"(PARTITION BY {db.columns(keys)} {rank}) AS eosink_rn "
-            f"FROM ({self._union(tables, src)}) u) r WHERE eosink_rn = 1"
-        )
+        if order:
+            rank = f"ORDER BY ({db.quote(order)} IS NULL), {db.quote(order)} DESC"
+            latest = (
+                f"SELECT * FROM (SELECT {db.columns(src)}, ROW_NUMBER() OVER "
+                f"(PARTITION BY {db.columns(keys)} {rank}) AS eosink_rn "
+                f"FROM ({self._union(tables, src)}) u) r WHERE eosink_rn = 1"
+            )
+        else:  # no key repeats in the epoch (pre_commit refuses it): each row is the latest
+            latest = self._union(tables, src)
         params = {f"op{i}": v for i, v in enumerate(spec["delete_ops"])}
         is_delete = f"{db.quote(op)} IN ({', '.join(':' + p for p in params)})" if op else "1 = 0"
         key_tuple = f"({db.columns(keys)})"

@@ -152,8 +152,9 @@ class SqlWriter(CoordinatedSinkWriter[dict[str, Any]]):
             return col.cast(to)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise SinkError(
-                f"sql sink {self.opts.target_label}: epoch {self.epoch}: column {name!r} of a task's rows does not fit table "
-                f"{self.opts.table}'s column (nothing was written): {exc}"
+                f"sql sink {self.opts.target_label}: epoch {self.epoch}: column {name!r} of a "
+                f"task's rows does not fit table {self.opts.table}'s column (nothing was "
+                f"written): {exc}"
             ) from None
 
     def finish_write(self, epoch: int) -> dict[str, Any]:
