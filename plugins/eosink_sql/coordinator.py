@@ -42,7 +42,7 @@ from eosink import (
 )
 from eosink.util import sink_key
 
-from .db import Db, check_types, sql_type_of
+from .db import Db, check_types, sql_type_of, transient
 from .options import SqlSinkOptions
 
 __all__ = ["SqlCoordinator", "make_coordinator", "validate_schema"]
@@ -54,15 +54,6 @@ HOLD_S = 120
 ``idle_in_transaction_session_timeout``): past it the server ends the transaction and the
 commit moves the rows again. It bounds how long a paused (zombie) driver's locks can delay
 another driver's recovery."""
-
-
-def _transient(exc: BaseException) -> bool:
-    """A lost connection or a lock timeout (retried), not a statement the database refuses."""
-    text = str(getattr(exc, "orig", exc)).lower()
-    return any(
-        w in text
-        for w in ("connection", "server closed", "terminating", "timeout", "locked", "busy")
-    )
 
 
 def validate_schema(opts: SqlSinkOptions, schema: pa.Schema) -> None:
@@ -225,7 +216,8 @@ class SqlCoordinator(
             select += f", CAST(NULL AS VARCHAR(64)) AS {db.quote(self.opts.op_column)}"
         if db.pg:
             create = (
-                f"CREATE UNLOGGED TABLE {{table}} AS SELECT {select} FROM {db.target()} "
+                f"CREATE {'UNLOGGED ' if self.opts.unlogged_staging else ''}TABLE {{table}} "
+                f"AS SELECT {select} FROM {db.target()} "
                 "WITH NO DATA"
             )
         else:
@@ -296,7 +288,8 @@ class SqlCoordinator(
 
         tables = sorted(r["table"] for r in results if int(r["rows"]))
         rows = sum(int(r["rows"]) for r in results)
-        committable = {"tables": tables, "rows": rows, "spec": self._spec()}
+        counts = {r["table"]: int(r["rows"]) for r in results if int(r["rows"])}
+        committable = {"tables": tables, "rows": rows, "counts": counts, "spec": self._spec()}
         db = self.db
         try:
             with db.engine.connect() as conn:
@@ -486,6 +479,7 @@ class SqlCoordinator(
                             "rows cannot be published: `eosink abandon` the epoch (a "
                             "recorded loss)"
                         )
+                    self._check_counts(conn, epoch, committable)
                     self._apply(conn, epoch, committable)
                     fault_point("mid_commit")
                     self._epoch_row(conn, epoch, committable)
@@ -500,7 +494,7 @@ class SqlCoordinator(
         except sa_exc.OperationalError as exc:
             from eosink import CommitStateUnknownError
 
-            if not _transient(exc):
+            if not transient(exc):
                 raise db.error(f"epoch {epoch}'s commit", exc) from None
             raise CommitStateUnknownError(str(db.error(f"epoch {epoch}'s commit", exc))) from None
         except SinkError:
@@ -547,6 +541,22 @@ class SqlCoordinator(
         finally:
             if not tx.is_active:
                 conn.close()
+
+    def _check_counts(self, conn: Any, epoch: int, committable: dict[str, Any]) -> None:
+        """Every staging table still holds the rows phase 1 counted (a server crash empties
+        ``UNLOGGED`` tables): never commit an epoch short."""
+        from sqlalchemy import text
+
+        for table, want in (committable.get("counts") or {}).items():
+            got = conn.execute(text(f"SELECT COUNT(*) FROM {self.db.staging(table)}")).scalar()
+            if int(got or 0) != int(want):
+                raise SinkError(
+                    f"sql sink epoch {epoch}: staging table {table} holds {got} rows, phase 1 "
+                    f"counted {want}: the database lost them (a server crash empties UNLOGGED "
+                    "tables; see the unlogged_staging option). The epoch is not committed. "
+                    "If the rows can be sent again, `eosink abandon` the epoch (a recorded "
+                    "loss) and replay them"
+                )
 
     def _committed(self, conn: Any, epoch: int) -> bool:
         """Whether the epoch's row is in ``sql_epochs`` (its commit is done)."""
@@ -628,32 +638,41 @@ class SqlCoordinator(
 
         self._release(epoch)
         self._end_other_holds(epoch)
-        with self.db.engine.connect() as conn:
-            names = [n for n, _ in self.db.staging_tables(conn, self.key, epoch)]
-        for i, name in enumerate(names):
-            if i:
-                fault_point("mid_abort")
-            with self.db.engine.begin() as conn:
-                conn.execute(text(f"DROP TABLE IF EXISTS {self.db.staging(name)}"))
+        try:
+            with self.db.engine.connect() as conn:
+                names = [n for n, _ in self.db.staging_tables(conn, self.key, epoch)]
+            for i, name in enumerate(names):
+                if i:
+                    fault_point("mid_abort")
+                with self.db.engine.begin() as conn:
+                    conn.execute(text(f"DROP TABLE IF EXISTS {self.db.staging(name)}"))
+        except Exception as exc:
+            raise self.db.error(f"cannot drop epoch {epoch}'s staging tables", exc) from None
 
     def staged_epochs(self) -> Iterable[int]:
-        with self.db.engine.connect() as conn:
-            return sorted({e for _, e in self.db.staging_tables(conn, self.key)})
+        try:
+            with self.db.engine.connect() as conn:
+                return sorted({e for _, e in self.db.staging_tables(conn, self.key)})
+        except Exception as exc:
+            raise self.db.error("cannot list the staging tables", exc) from None
 
     # -- the marker ----------------------------------------------------------------------
     def read_marker(self) -> dict[str, Any] | None:
         from sqlalchemy import text
 
         db = self.db
-        with db.engine.connect() as conn:
-            raw = conn.execute(
-                text(f"SELECT marker FROM {db.own('sql_markers')} WHERE sink_key = :k"),
-                {"k": self.key},
-            ).scalar()
-            last = conn.execute(
-                text(f"SELECT MAX(epoch) FROM {db.own('sql_epochs')} WHERE sink_key = :k"),
-                {"k": self.key},
-            ).scalar()
+        try:
+            with db.engine.connect() as conn:
+                raw = conn.execute(
+                    text(f"SELECT marker FROM {db.own('sql_markers')} WHERE sink_key = :k"),
+                    {"k": self.key},
+                ).scalar()
+                last = conn.execute(
+                    text(f"SELECT MAX(epoch) FROM {db.own('sql_epochs')} WHERE sink_key = :k"),
+                    {"k": self.key},
+                ).scalar()
+        except Exception as exc:
+            raise db.error("cannot read the sink's marker", exc) from None
         if raw is None and last is None:
             return None
         marker: dict[str, Any] = dict(json.loads(raw)) if raw is not None else {}
@@ -665,14 +684,18 @@ class SqlCoordinator(
 
         raw = json.dumps({k: v for k, v in marker.items() if k != "last_epoch"}, sort_keys=True)
         db = self.db
-        with db.engine.begin() as conn:
-            conn.execute(
-                text(f"DELETE FROM {db.own('sql_markers')} WHERE sink_key = :k"), {"k": self.key}
-            )
-            conn.execute(
-                text(f"INSERT INTO {db.own('sql_markers')} (sink_key, marker) VALUES (:k, :m)"),
-                {"k": self.key, "m": raw},
-            )
+        try:
+            with db.engine.begin() as conn:
+                conn.execute(
+                    text(f"DELETE FROM {db.own('sql_markers')} WHERE sink_key = :k"),
+                    {"k": self.key},
+                )
+                conn.execute(
+                    text(f"INSERT INTO {db.own('sql_markers')} (sink_key, marker) VALUES (:k, :m)"),
+                    {"k": self.key, "m": raw},
+                )
+        except Exception as exc:
+            raise db.error("cannot write the sink's marker", exc) from None
 
     def close(self) -> None:
         for epoch in list(self._held):

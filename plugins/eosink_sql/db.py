@@ -8,7 +8,7 @@ target's database, prefixed ``eosink_``):
   in the commit's own transaction: a replayed commit finds it and does nothing;
 * ``sql_markers (sink_key, marker)``: the sink's marker (:class:`eosink.TargetMarker`);
 * ``stg_<sink key>_<epoch>_<attempt>``: the rows one task attempt staged for an epoch
-  (UNLOGGED on PostgreSQL), dropped in the commit's transaction or by abort.
+  (``UNLOGGED`` with ``unlogged_staging``), dropped in the commit's transaction or by abort.
 """
 
 from __future__ import annotations
@@ -150,6 +150,16 @@ def check_types(schema: pa.Schema) -> None:
             )
 
 
+def transient(exc: BaseException) -> bool:
+    """A lost connection or a lock timeout (retrying may succeed), not a statement the
+    database refuses."""
+    text = str(getattr(exc, "orig", exc)).lower()
+    return any(
+        w in text
+        for w in ("connection", "server closed", "terminating", "timeout", "locked", "busy")
+    )
+
+
 class Db:
     """One target database: an engine (no pool: short-lived uses) and its dialect's
     spelling of eosink's names."""
@@ -178,11 +188,14 @@ class Db:
         self.engine.dispose()
 
     def error(self, what: str, exc: BaseException) -> SinkError:
-        """A SinkError naming the target and what failed, the password never shown."""
+        """A SinkError naming the target and what failed, the password never shown;
+        ``transient`` when the database could not be reached (retrying may succeed)."""
         detail = redact(str(getattr(exc, "orig", None) or exc), {"url": self._url()})
-        return SinkError(
+        err = SinkError(
             f"sql sink {self.opts.target_label}: {what}: {detail.strip().splitlines()[0]}"
         )
+        err.transient = transient(exc)
+        return err
 
     def _url(self) -> str:
         return str(self.opts.url.get_secret_value())

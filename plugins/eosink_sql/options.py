@@ -55,9 +55,13 @@ class SqlSinkOptions(BaseModel):
         create_table: create a missing target table from the DataFrame's schema (with a
             primary key on ``keys``); default False: a missing table is an error.
         staging_schema: the PostgreSQL schema of eosink's tables in the target database
-            (the epochs committed, the sink's marker, and the epochs' staging tables,
-            UNLOGGED). Created when missing. SQLite keeps them beside the target, named
-            ``eosink_*``.
+            (the epochs committed, the sink's marker, and the epochs' staging tables).
+            Created when missing. SQLite keeps them beside the target, named ``eosink_*``.
+        unlogged_staging: PostgreSQL: make the staging tables ``UNLOGGED`` (no write-ahead
+            log: writers load faster). Default False: a server crash (not a clean stop)
+            empties ``UNLOGGED`` tables, and an epoch PENDING at that moment whose commit
+            had not finished would lose its rows (the commit then refuses it, naming the
+            loss, rather than committing nothing). Turn it on when speed matters more.
         connect_timeout_s: how long a connection attempt may take.
     """
 
@@ -72,6 +76,7 @@ class SqlSinkOptions(BaseModel):
     delete_ops: tuple[str, ...] = ("d",)
     create_table: bool = False
     staging_schema: str = "eosink"
+    unlogged_staging: bool = False
     connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
 
     @field_validator("url")

@@ -2,7 +2,7 @@
 change-data-capture deletes.
 
 Writers (Spark tasks) load each task attempt's rows into a staging table of their own in the
-target database (PostgreSQL: ``COPY`` into an UNLOGGED table); the commit moves an epoch's
+target database (PostgreSQL: binary ``COPY`` through ADBC, or CSV); the commit moves an epoch's
 rows into the target and records the epoch in one database transaction
 (:mod:`eosink_sql.coordinator`). Written against eosink's public plugin API only, as a third
 party would.
