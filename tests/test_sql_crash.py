@@ -213,3 +213,16 @@ def test_sql_executor_killed_before_and_after_finish(tmp_path: Path, target_db: 
     assert job.run(fault="task_after_finish") == 0, job.last_log()
     assert "task_after_finish" in job.fired()
     _check(job, target_db, _appended(job))
+
+
+def test_sql_two_drivers_zombie_fenced(tmp_path: Path, target_db: str) -> None:
+    """A second real driver takes the sink over while the first is inside the protocol (a
+    failover whose old driver is still alive). The first is fenced and stops; the
+    transactions it held open for its commits are ended by the second (their locks would
+    block it) or die with it; a final run completes; every row exactly once."""
+    job = sql_job(tmp_path, "stream", target_db)
+    make_input(job.input, files=4, rows=ROWS)
+    code_a, _, log_a, log_b = job.run_overlapping()
+    assert code_a != 0 and "fenced by a newer one" in log_a, (log_a[-3000:], log_b[-3000:])
+    assert job.run() == 0, job.last_log()
+    _check(job, target_db, _appended(job))

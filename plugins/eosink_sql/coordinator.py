@@ -350,6 +350,7 @@ class SqlCoordinator(
         from sqlalchemy import text
 
         self._release(epoch)  # a hold of an earlier attempt of this epoch, by this object
+        self._end_other_holds(epoch)  # a zombie's: its locks would block these statements
         conn = self.db.engine.connect()
         tx = conn.begin()
         try:
@@ -522,6 +523,13 @@ class SqlCoordinator(
         try:
             fault_point("mid_commit")
             self._epoch_row(conn, epoch, committable)
+            others = [
+                n
+                for n, _ in self.db.staging_tables(conn, self.key, epoch)
+                if n not in committable["tables"]
+            ]
+            if others:  # another attempt's tables: a zombie may hold them (see _drop)
+                self._end_other_holds(epoch)
             self._drop(conn, epoch)
             tx.commit()
             return True
