@@ -331,15 +331,19 @@ class SqlCoordinator(
             try:
                 self._apply(conn, epoch, committable)
             except sa_exc.DBAPIError as exc:
-                raise self.db.error(
-                    f"epoch {epoch} is refused by table {committable['spec']['table']} (its "
-                    "statements were tried and rolled back; nothing was written)",
-                    exc,
-                ) from None
+                raise self._refused(epoch, committable, exc) from None
             finally:
                 tx.rollback()
         finally:
             conn.close()
+
+    def _refused(self, epoch: int, committable: dict[str, Any], exc: BaseException) -> SinkError:
+        """Phase 1's error when the target refuses the epoch's statements."""
+        return self.db.error(
+            f"epoch {epoch} is refused by table {committable['spec']['table']} (its "
+            "statements were tried and rolled back; nothing was written)",
+            exc,
+        )
 
     def _hold_name(self, epoch: int) -> str:
         return f"eosink-hold {self.key} {epoch}"
@@ -366,11 +370,7 @@ class SqlCoordinator(
         except sa_exc.DBAPIError as exc:
             tx.rollback()
             conn.close()
-            raise self.db.error(
-                f"epoch {epoch} is refused by table {committable['spec']['table']} (its "
-                "statements were tried and rolled back; nothing was written)",
-                exc,
-            ) from None
+            raise self._refused(epoch, committable, exc) from None
         except BaseException:
             tx.rollback()
             conn.close()
@@ -523,14 +523,10 @@ class SqlCoordinator(
         try:
             fault_point("mid_commit")
             self._epoch_row(conn, epoch, committable)
-            others = [
-                n
-                for n, _ in self.db.staging_tables(conn, self.key, epoch)
-                if n not in committable["tables"]
-            ]
-            if others:  # another attempt's tables: a zombie may hold them (see _drop)
-                self._end_other_holds(epoch)
-            self._drop(conn, epoch)
+            names = [n for n, _ in self.db.staging_tables(conn, self.key, epoch)]
+            if set(names) - set(committable["tables"]):  # another attempt's: a zombie may
+                self._end_other_holds(epoch)  # hold them, and block the drops
+            self._drop(conn, epoch, names)
             tx.commit()
             return True
         except sa_exc.DBAPIError as exc:
@@ -634,10 +630,13 @@ class SqlCoordinator(
             params,
         )
 
-    def _drop(self, conn: Any, epoch: int) -> None:
+    def _drop(self, conn: Any, epoch: int, names: list[str] | None = None) -> None:
+        """Drop the epoch's staging tables (``names``, when the caller listed them)."""
         from sqlalchemy import text
 
-        for name, _ in self.db.staging_tables(conn, self.key, epoch):
+        if names is None:
+            names = [n for n, _ in self.db.staging_tables(conn, self.key, epoch)]
+        for name in names:
             conn.execute(text(f"DROP TABLE IF EXISTS {self.db.staging(name)}"))
 
     def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
