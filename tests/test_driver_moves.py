@@ -161,6 +161,27 @@ def test_kafka_driver_moves(
     check_states(job)
 
 
+def test_sql_driver_moves(tmp_path: Path) -> None:
+    """The sql sink on PostgreSQL with the default meta store: a driver killed with the
+    epoch PENDING, then inside the commit's transaction (its held transaction on the server
+    ended by the next driver's commit), each restart on a new machine."""
+    from conftest import create_pg_database, drop_pg_database
+    from test_sql_crash import TABLE, _appended, _read, sql_job
+
+    url = create_pg_database()
+    try:
+        job = sql_job(tmp_path, "stream", url)
+        job.metastore = "default"
+        make_input(job.input, files=4, rows=40)
+        moving_chain(job, ["after_persist@2", "mid_commit@1"])
+        rows, staged = _read(url)
+        assert rows == _appended(job), f"{len(rows)} rows in {TABLE}"
+        assert staged == [], staged
+        check_states(job)
+    finally:
+        drop_pg_database(url)
+
+
 def test_driver_moves_at_random_instants(tmp_path: Path) -> None:
     """SIGKILL at random instants, every run on a new machine."""
     job = Job(tmp_path, "stream", "default")
