@@ -16,6 +16,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -218,3 +219,15 @@ def spark_kafka_conf() -> dict[str, str]:
     from jvm import spark_kafka_conf as conf
 
     return conf()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A skipped test fails: this suite starts every service it needs, so a skip can only
+    hide a check that did not run (issue 24: CI fails on any skip)."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and not hasattr(rep, "wasxfail"):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"skipped, and this suite allows no skip: {reason}"

@@ -541,6 +541,15 @@ def staged_files(out: Path) -> list[str]:
     return sorted(str(p) for p in out.rglob("*") if p.is_file() and "_eosink_staging" in p.parts)
 
 
+def expected_epochs(job: Job) -> list[int]:
+    """The epochs a finished crash job's meta store must hold COMMITTED: a batch job's one
+    (``epoch=5``), a stream's one per input file (``maxFilesPerTrigger=1``, batch ids from 0;
+    an epoch retried after a crash keeps its number)."""
+    if job.mode == "batch":
+        return [5]
+    return list(range(len(list(job.input.glob("*.parquet")))))
+
+
 def epoch_states(metastore: str, sink_id: str) -> dict[str, list[Any]]:
     """Status -> epochs of one sink, read with plain SQL (not through eosink)."""
     import sqlalchemy as sa

@@ -23,7 +23,15 @@ from pathlib import Path
 
 import pytest
 from conftest import metastore_for
-from harness import Job, epoch_states, make_input, read_ids, run_with_random_kills, staged_files
+from harness import (
+    Job,
+    epoch_states,
+    expected_epochs,
+    make_input,
+    read_ids,
+    run_with_random_kills,
+    staged_files,
+)
 
 pytestmark = pytest.mark.crash
 
@@ -106,7 +114,7 @@ def _check(job: Job, expected: list[int], partitioned: bool = False) -> None:
     assert got == expected
     assert staged_files(job.out) == []
     states = epoch_states(job.metastore, job.sink_id)
-    assert states.get("COMMITTED"), states
+    assert sorted(states.get("COMMITTED", [])) == expected_epochs(job), states
     assert "PENDING" not in states and "ABORTED" not in states, states
 
 

@@ -278,10 +278,12 @@ def test_hook_error_never_fails_a_committed_epoch(
     assert read_ids(tmp_path / "out") == [0, 1, 2, 3]
 
 
-def test_meta_store_outage_mid_stream(spark, tmp_path: Path) -> None:
+def test_meta_store_outage_mid_stream(
+    spark, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A real PostgreSQL stopped and restarted while a stream runs: the stream rides it out
-    (retries with backoff) and the output is exact; with a shorter bound it stops cleanly
-    and a restart finishes exactly."""
+    (a micro-batch meets the outage and retries with backoff) and the output is exact; with
+    a shorter bound it stops cleanly and a restart finishes exactly."""
     from services import EmbeddedPostgres
 
     pg = EmbeddedPostgres()  # its own server: stopped and restarted below
@@ -311,13 +313,17 @@ def test_meta_store_outage_mid_stream(spark, tmp_path: Path) -> None:
         h = start("chk", retry_s=60)
         feed(0, 10)
         h.process_all_available()
-        pg.pause()
-        feed(10, 20)
-        feed(20, 30)
-        time.sleep(3)  # micro-batches run into the outage
-        pg.resume()
-        h.process_all_available()
+        with caplog.at_level(logging.WARNING, logger="eosink"):
+            pg.pause()
+            feed(10, 20)
+            feed(20, 30)
+            time.sleep(3)  # micro-batches run into the outage
+            pg.resume()
+            h.process_all_available()
         assert h.is_active
+        # A micro-batch met the outage and retried (the meta store's backoff), not waited.
+        retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+        assert retries and all("unavailable during" in m for m in retries), caplog.text
         h.stop()
         assert read_ids(out) == list(range(30))
 

@@ -193,6 +193,15 @@ def test_kafka_executor_lost_mid_stage(kafka: Any, tmp_path: Path) -> None:
     check_topic(job, expected, per_epoch=ROWS)
 
 
+def _proc_state(pid: int) -> str:
+    """The process's state letter in /proc (``T``: stopped by a signal)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return "gone"
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 @pytest.mark.parametrize("pause", ["short", "long"])
 def test_kafka_zombie_driver_is_fenced(kafka: Any, tmp_path: Path, pause: str) -> None:
     """Driver A freezes (SIGSTOP) with a chunk's transaction open: records and marker
@@ -234,7 +243,11 @@ def test_kafka_zombie_driver_is_fenced(kafka: Any, tmp_path: Path, pause: str) -
             assert a.poll() is None, log_a.read_text()[-4000:]
             assert time.monotonic() < deadline, "driver A never reached kafka_before_commit"
             time.sleep(0.1)
-        time.sleep(0.5)  # the mark is written right before the SIGSTOP
+        # The mark is written right before the SIGSTOP: wait until A is stopped (state T).
+        while _proc_state(a.pid) != "T":
+            assert a.poll() is None, log_a.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"driver A not stopped: {_proc_state(a.pid)}"
+            time.sleep(0.02)
         stopped = time.monotonic()
         assert job.run() == 0, job.last_log()  # driver B
         if pause == "long":
@@ -258,6 +271,16 @@ def test_kafka_zombie_driver_is_fenced(kafka: Any, tmp_path: Path, pause: str) -
     if not by_kafka:  # the meta store's fence stopped a retry of a transient failure
         assert "retrying in" in text and "commit failed for good" in text, text[-4000:]
     check_topic(job, expected, aborted=True, per_epoch=ROWS)
+    # The aborted records are A's flushed chunk: one transaction of the epoch A was
+    # committing, never more than that epoch's rows.
+    bootstrap, topic = str(job.sink_options["bootstrap_servers"]), str(job.sink_options["topic"])
+    seen = {(r.partition, r.offset) for r in read_topic(bootstrap, topic, "read_committed")}
+    extra = [
+        json.loads(r.value)["id"]
+        for r in read_topic(bootstrap, topic, "read_uncommitted")
+        if (r.partition, r.offset) not in seen and r.value is not None
+    ]
+    assert len({i // ROWS for i in extra}) == 1 and len(extra) <= ROWS, sorted(extra)
 
 
 def test_kafka_broker_restart_during_stream(kafka: Any, tmp_path: Path) -> None:

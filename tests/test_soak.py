@@ -35,6 +35,11 @@ def test_soak_command_kills_and_verifies_each_sink() -> None:
             "7",
             "--max-kills-per-run",
             "1",
+            # Every kill drawn from the run's first PENDING epoch: it lands in the protocol.
+            "--protocol-share",
+            "1",
+            "--protocol-window",
+            "1",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -45,11 +50,11 @@ def test_soak_command_kills_and_verifies_each_sink() -> None:
     summary = res.stdout.split("summary\n", 1)[1]
     for sink in ("file", "iceberg"):
         m = re.search(
-            rf"^{sink} +runs=(\d+) kills=(\d+) in_protocol=\d+ rows=(\d+) "
+            rf"^{sink} +runs=(\d+) kills=(\d+) in_protocol=(\d+) rows=(\d+) "
             r"lost=0 duplicated=0 leftovers=0 failed=0 time=\d+m\d\ds$",
             summary,
             re.M,
         )
         assert m, summary
-        runs, kills, rows = map(int, m.groups())
-        assert kills >= 1 and rows == runs * 300
+        runs, kills, in_protocol, rows = map(int, m.groups())
+        assert kills >= 1 and in_protocol == kills and rows == runs * 300
