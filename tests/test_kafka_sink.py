@@ -476,3 +476,51 @@ def test_marker_read_during_an_outage_is_transient(tmp_path: Path) -> None:
     with pytest.raises(eosink.CommitStateUnknownError, match="cannot read the markers") as info:
         read_markers(opts, "ctl", "k/")
     assert info.value.transient
+
+
+def test_topic_option_tombstones_secrets_and_a_changed_broker_list(
+    spark: Any, kafka: Any, tmp_path: Path
+) -> None:
+    """What docs/kafka.md promises: the ``topic`` option wins over a ``topic`` column; a null
+    value is a tombstone (key kept, value null); a secret of ``producer_config`` is never in
+    the meta store, the staging files or ``eosink status``; the default ``sink_id`` does not
+    name the broker list, so the same job with a broker added is the same sink (its epoch
+    is skipped, nothing produced twice)."""
+    import subprocess
+    import sys
+
+    a, b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    kafka.create_topic(a, partitions=1)
+    kafka.create_topic(b, partitions=1)
+    secret = "hunter2-never-stored"
+    df = spark.range(0, 40, numPartitions=2).selectExpr(
+        f"'{b}' as topic",
+        "cast(id as string) as key",
+        "if(id % 4 = 0, null, to_json(named_struct('id', id))) as value",
+    )
+    opts = _opts(kafka, a, tmp_path, producer_config={"sasl.password": secret})
+    r = eosink.run(df, sink="kafka", epoch=3, **opts)
+    assert r.committed and r.rows == 40
+    got = read_topic(kafka.bootstrap, a)
+    assert read_topic(kafka.bootstrap, b) == []  # the option won over the column
+    assert sorted(int(k) for _, k, _, _ in got) == list(range(40))
+    tombstones = sorted(int(k) for _, k, v, _ in got if v is None)
+    assert tombstones == list(range(0, 40, 4))
+    assert all(json.loads(v)["id"] == int(k) for _, k, v, _ in got if v is not None)
+
+    assert secret.encode() not in (tmp_path / "m.db").read_bytes()
+    for f in (tmp_path / "staging").rglob("*"):
+        assert not f.is_file() or secret.encode() not in f.read_bytes(), f
+    status = subprocess.run(
+        [sys.executable, "-m", "eosink._cli", "status", "--metastore-url", opts["metastore_url"]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert secret not in status and f"kafka:{a}" in status
+
+    port = kafka.bootstrap.rsplit(":", 1)[1]
+    more = {**opts, "bootstrap_servers": f"{kafka.bootstrap},localhost:{port}"}
+    again = eosink.run(df, sink="kafka", epoch=3, **more)
+    assert again.skipped and again.sink_id == r.sink_id == f"kafka:{a}"
+    assert len(read_topic(kafka.bootstrap, a)) == 40
