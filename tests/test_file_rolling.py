@@ -153,6 +153,45 @@ def test_inactivity_rolls_a_quiet_stream(spark: Any, tmp_path: Path) -> None:
     assert _staged(out) == []
 
 
+def test_rollover_seconds_rolls_a_held_orc_file_by_its_age(spark: Any, tmp_path: Path) -> None:
+    """``rollover_seconds``: the open file collects several epochs (ORC pieces merged into
+    one file), the figures say what it holds (``held_rows``, ``held_bytes``), and once its
+    first epoch is that old the timer publishes it, without a new micro-batch and before
+    stop(); every row once, readable by pyarrow's ORC reader."""
+    import pyarrow.orc as orc
+
+    src = tmp_path / "in"
+    ids = make_input(src, 3, 50)
+    out = tmp_path / "out"
+    h = eosink.run(
+        _stream(spark, src),
+        "file",
+        path=str(out),
+        format="orc",
+        rollover_seconds=4.0,
+        checkpoint_location=str(tmp_path / "ck"),
+        metastore_url=f"sqlite:///{tmp_path}/m.db",
+        trigger={"processingTime": "300 milliseconds"},
+    )
+    assert isinstance(h, eosink.StreamingHandle)
+    try:
+        h.process_all_available()
+        held = [(f.held_rows, f.held_bytes) for f in h.figures if not f.skipped]
+        assert held[0][0] == 50 and held[0][1] > 0, held  # the first epoch waits in the file
+        deadline = time.monotonic() + 30
+        while not _visible(out) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert h.is_active
+        files = _visible(out)
+        assert files and all(f.suffix == ".orc" for f in files), files
+        rows = [orc.read_table(f).column("id").to_pylist() for f in files]
+        assert max(len(r) for r in rows) > 50, [len(r) for r in rows]  # epochs merged
+        assert sorted(i for r in rows for i in r) == ids
+    finally:
+        h.stop()
+    assert _staged(out) == []
+
+
 def test_options_refused_with_a_reason(tmp_path: Path) -> None:
     from eosink_file.plugin import FileSinkOptions
 
