@@ -28,6 +28,15 @@ def _visible(root: Path) -> list[Path]:
     )
 
 
+def _wait_visible(root: Path, seconds: float) -> list[Path]:
+    """The visible files under ``root`` once there are any (at most ``seconds`` of waiting:
+    then whatever is there, maybe nothing)."""
+    deadline = time.monotonic() + seconds
+    while not _visible(root) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _visible(root)
+
+
 def _read_ids(files: list[Path], fmt: str) -> list[int]:
     ids: list[int] = []
     for f in files:
@@ -141,11 +150,8 @@ def test_inactivity_rolls_a_quiet_stream(spark: Any, tmp_path: Path) -> None:
     assert isinstance(h, eosink.StreamingHandle)
     try:
         h.process_all_available()
-        deadline = time.monotonic() + 20
-        while not _visible(out) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        files = _wait_visible(out, 20)
         assert h.is_active
-        files = _visible(out)
         assert len(files) == 1
         assert _read_ids(files, "parquet") == ids
     finally:
@@ -178,11 +184,8 @@ def test_rollover_seconds_rolls_a_held_orc_file_by_its_age(spark: Any, tmp_path:
         h.process_all_available()
         held = [(f.held_rows, f.held_bytes) for f in h.figures if not f.skipped]
         assert held[0][0] == 50 and held[0][1] > 0, held  # the first epoch waits in the file
-        deadline = time.monotonic() + 30
-        while not _visible(out) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        files = _wait_visible(out, 30)
         assert h.is_active
-        files = _visible(out)
         assert files and all(f.suffix == ".orc" for f in files), files
         rows = [orc.read_table(f).column("id").to_pylist() for f in files]
         assert max(len(r) for r in rows) > 50, [len(r) for r in rows]  # epochs merged
