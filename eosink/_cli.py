@@ -619,11 +619,11 @@ def _drop_lost_open_files(rt: Any, reason: str) -> list[dict[str, Any]]:
 def _run_label(origin: str | None) -> str:
     """What wrote an epoch: a batch run (explicit epoch), a batch run without epoch=, or a
     stream (its lineage's first 8 characters)."""
-    from ._metastore import BATCH, BATCH_AUTO, DROPPED_OPEN_FILE
+    from ._metastore import AUTO_ORIGINS, BATCH, DROPPED_OPEN_FILE
 
     if origin == BATCH:
         return "batch"
-    if origin == BATCH_AUTO:
+    if origin in AUTO_ORIGINS:
         return "batch (auto epoch)"
     if origin == DROPPED_OPEN_FILE:
         return "dropped open file"

@@ -229,10 +229,23 @@ class Journal:
 
     def committed_origin(self, epoch: int) -> str | None:
         """The origin of committed batch epoch ``epoch`` (``batch``, ``batch-auto``), or None."""
-        for origin in ("batch", "batch-auto"):
+        for origin in ("batch", "batch-auto", "batch-auto-unreported"):
             if self.ckpt.exists(f"{self.dir}/committed/{epoch:012d}.{origin}"):
-                return origin
+                return "batch-auto" if origin.startswith("batch-auto") else origin
         return None
+
+    def unreported(self) -> list[int]:
+        """Committed epochs of crashed runs without ``epoch=`` that no such run reported yet
+        (committed by another run's recovery)."""
+        names = self.ckpt.list_names(f"{self.dir}/committed")
+        return sorted(int(n.split(".")[0]) for n in names if n.endswith(".batch-auto-unreported"))
+
+    def mark_reported(self, epoch: int) -> None:
+        """A run without ``epoch=`` reported ``epoch`` (``UnfinishedRunError``)."""
+        rel = f"{self.dir}/committed/{epoch:012d}"
+        if self.ckpt.exists(f"{rel}.batch-auto-unreported"):
+            self.ckpt.write_bytes(f"{rel}.batch-auto", b"")
+            self.ckpt.delete(f"{rel}.batch-auto-unreported")
 
     def committed_high(self) -> int:
         """The newest committed batch epoch recorded, or -1."""

@@ -23,8 +23,10 @@ from ._checkpoint import CheckpointDir
 from ._journal import Entry, Journal
 from ._metastore import (
     ABORTED,
+    AUTO_ORIGINS,
     BATCH,
     BATCH_AUTO,
+    BATCH_AUTO_UNREPORTED,
     BATCH_ORIGINS,
     COMMITTED,
     HEARTBEAT_SECONDS,
@@ -360,9 +362,10 @@ class SinkRuntime:
     def batch_epoch(self, epoch: int | None) -> Epoch:
         """The epoch a batch run writes (None: the next free one), recovery applied.
 
-        A skipped epoch (committed before) needs nothing; a crashed run's PENDING epoch is
-        committed now (``Epoch.recovered``); else earlier PENDING epochs are recovered first
-        and the epoch is to be written. Raises as :meth:`batch_decision`.
+        A skipped epoch (committed before) needs nothing of its own; a crashed run's PENDING
+        epoch is committed now (``Epoch.recovered``); else the epoch is to be written. Either
+        way recovery runs first (other runs' PENDING epochs committed, leftovers deleted).
+        Raises as :meth:`batch_decision`.
         """
         decision, e = self.batch_decision(epoch)
         if decision == FINISH:
@@ -371,8 +374,8 @@ class SinkRuntime:
             assert rec is not None and rec.status == COMMITTED
             fig = self.figures.get(e) or EpochFigures(e, rec.rows, rec.files, rec.bytes)
             return Epoch(self, e, SKIP, recovered=True, figures=fig)
-        if decision == WRITE:
-            self.recover(first_epoch=e)
+        # A skip too: a re-run finishes what crashes left (another run's half-made commit).
+        self.recover(first_epoch=e)
         return Epoch(self, e, decision)
 
     def stream_epoch(self, epoch: int, *, inline: bool = False) -> Epoch:
@@ -414,10 +417,33 @@ class SinkRuntime:
         self.use_batch_journal()
         if epoch is None:
             self.lineage = BATCH_AUTO
-            crashed = [r for r in self.store.epochs(sid, (PENDING,)) if r.origin == BATCH_AUTO]
-            if crashed:
+            crashed = [
+                r for r in self.store.epochs(sid, (PENDING,)) if r.origin in AUTO_ORIGINS
+            ] + [
+                # committed by another run (recovery) since: this run must still tell
+                r
+                for r in self.store.epochs(sid, (COMMITTED,))
+                if r.origin == BATCH_AUTO_UNREPORTED
+            ]
+            # ... and those the target's batch journal knows (the store that knew is lost)
+            known = {r.epoch for r in crashed}
+            elsewhere = [
+                e
+                for e in (self.batch_journal.unreported() if self.batch_journal else [])
+                if e not in known
+            ]
+            if crashed or elsewhere:
                 self.recover(first_epoch=0)  # a batch run commits every PENDING batch epoch
-                done = ", ".join(f"epoch {r.epoch} ({r.rows} rows)" for r in crashed)
+                for r in crashed:  # reported now (a crash before this: reported again)
+                    self.store.set_origin(sid, self.generation, r.epoch, BATCH_AUTO)
+                for e in sorted(known | set(elsewhere)):
+                    if self.batch_journal is not None:
+                        self.batch_journal.mark_reported(e)
+                crashed.sort(key=lambda r: r.epoch)
+                done = ", ".join(
+                    [f"epoch {r.epoch} ({r.rows} rows)" for r in crashed]
+                    + [f"epoch {e}" for e in elsewhere]
+                )
                 raise UnfinishedRunError(
                     f"sink {sid!r}: an earlier run without epoch= crashed after its data was "
                     f"complete; eosink has now committed it: {done}. This run wrote nothing, "
@@ -429,7 +455,7 @@ class SinkRuntime:
         self.lineage = BATCH
         rec = self.store.epoch(sid, epoch)
         if rec is not None:
-            if rec.origin == BATCH_AUTO and rec.status in (COMMITTED, PENDING):
+            if rec.origin in AUTO_ORIGINS and rec.status in (COMMITTED, PENDING):
                 raise SinkIdentityError(
                     f"epoch {epoch} of sink {sid!r} was given to an earlier run without epoch= "
                     "(the next free epoch then), so it cannot tell whether this run repeats "
@@ -533,19 +559,26 @@ class SinkRuntime:
                 store).
         """
         sid = self.sink_id
+        # A crashed batch run's PENDING epoch known only beside the target (another machine's
+        # store): its staged data is not leftovers for this stream's recovery to delete.
+        self.use_batch_journal()
         rec = self.store.sink(sid)
         assert rec is not None
         journal = Journal(ckpt, sid)
         lineage = ckpt.read_lineage()
         last_batch = ckpt.last_committed_batch()
         nxt = 0 if last_batch is None else last_batch + 1
-        if lineage is not None and rec.lineage is None:
+        if lineage is not None and rec.lineage != lineage:
+            # The store knows another stream of the sink, or none: this checkpoint's own
+            # journal says which epochs are its (a driver on another machine, another meta
+            # store, or another query of the sink ran since on its own checkpoint).
             kept = journal.state()
             if kept is not None and kept.get("lineage") == lineage:
                 log.warning(
                     "sink %s: meta store %s has no record of this sink's stream on checkpoint "
-                    "%s (a driver on another machine, or another meta store); resuming from "
-                    "eosink's journal in the checkpoint (epoch base %d)",
+                    "%s (a driver on another machine, another meta store, or another query of "
+                    "this sink ran since); resuming from eosink's journal in the checkpoint "
+                    "(epoch base %d)",
                     sid,
                     self.store.url_redacted,
                     ckpt.location,
@@ -693,8 +726,9 @@ class SinkRuntime:
         batch not checkpointed on (``recover(hold=True)``); they are aborted if the base moves.
 
         Other runs' epochs are the store's rows of another origin, and the epochs the store
-        knows only from the target's marker (:attr:`adopted_last`) beyond what this query
-        checkpointed: its own epochs there would have rows (from the store or the journal).
+        knows only from the target's marker (:attr:`adopted_last`) or its GC floor beyond what
+        this query checkpointed: its own epochs there would have rows (from the store or the
+        journal) or, garbage-collected, an entry in its journal.
         """
         last_batch = ckpt.last_committed_batch()
         nxt = 0 if last_batch is None else last_batch + 1
@@ -703,9 +737,20 @@ class SinkRuntime:
         held_ahead = [r for r in own_ahead if held and r.status == PENDING]
         if len(own_ahead) > len(held_ahead):
             return base  # this query's own epochs ahead (inline commit before the checkpoint)
+        have = {r.epoch for r in rows}
+        if self.journal is not None and any(
+            e >= base + nxt and e not in have and ent.origin == self.lineage
+            for e, ent in self.journal.entries().items()
+        ):
+            return base  # the same, their rows garbage-collected: the journal keeps the newest
         top = max((r.epoch for r in rows if r.origin not in (None, self.lineage)), default=-1)
         if self.adopted_last is not None:
             top = max(top, self.adopted_last)
+        sink = self.store.sink(self.sink_id)
+        if sink is not None:
+            # Committed epochs whose rows were garbage-collected: not this query's (those
+            # would be below its checkpoint, or in its journal), so another run's.
+            top = max(top, sink.gc_floor)
         if top < base + nxt:
             return base
         if held_ahead:
@@ -782,10 +827,20 @@ class SinkRuntime:
         :meth:`resume_stream` at the first micro-batch): an older driver of the query, fenced
         but not yet stopped, may still get Spark to checkpoint one of them, and its data must
         then still be there.
+
+        A crashed run's epoch without ``epoch=`` committed here by another run is first
+        re-tagged ``batch-auto-unreported``: the next run without ``epoch=`` still refuses
+        (:class:`UnfinishedRunError`), since only it can tell the user that a re-run of the
+        crashed job would repeat it.
         """
         t0 = time.perf_counter()
         pending = self.store.epochs(self.sink_id, (PENDING,))
         for rec in pending:
+            if rec.origin == BATCH_AUTO and self.lineage != BATCH_AUTO:
+                # Tagged before the commit: a crash in between leaves it PENDING and tagged.
+                self.store.set_origin(
+                    self.sink_id, self.generation, rec.epoch, BATCH_AUTO_UNREPORTED
+                )
             own = self.lineage not in BATCH_ORIGINS and rec.origin in (None, self.lineage)
             if hold and own and rec.epoch >= first_epoch:
                 log.info(

@@ -2,8 +2,10 @@
 
 from .models import ABORTED, COMMITTED, PENDING
 from .store import (
+    AUTO_ORIGINS,
     BATCH,
     BATCH_AUTO,
+    BATCH_AUTO_UNREPORTED,
     BATCH_ORIGINS,
     DROPPED_OPEN_FILE,
     HEARTBEAT_SECONDS,
@@ -19,8 +21,10 @@ from .store import (
 
 __all__ = [
     "ABORTED",
+    "AUTO_ORIGINS",
     "BATCH",
     "BATCH_AUTO",
+    "BATCH_AUTO_UNREPORTED",
     "BATCH_ORIGINS",
     "COMMITTED",
     "DROPPED_OPEN_FILE",

@@ -58,8 +58,10 @@ from .models import ABORTED, COMMITTED, PENDING, EpochRow, LossRow, SinkRow
 log = logging.getLogger("eosink.metastore")
 
 __all__ = [
+    "AUTO_ORIGINS",
     "BATCH",
     "BATCH_AUTO",
+    "BATCH_AUTO_UNREPORTED",
     "BATCH_ORIGINS",
     "DROPPED_OPEN_FILE",
     "HEARTBEAT_SECONDS",
@@ -77,7 +79,12 @@ BATCH = "batch"
 epochs carry its lineage)."""
 BATCH_AUTO = "batch-auto"
 """``origin`` of an epoch a batch run without ``epoch=`` got (the next free one)."""
-BATCH_ORIGINS = (BATCH, BATCH_AUTO)
+BATCH_AUTO_UNREPORTED = "batch-auto-unreported"
+"""``origin`` of a crashed run's epoch without ``epoch=`` that another run committed (or is
+committing): the next run without ``epoch=`` must still report it (``UnfinishedRunError``)."""
+AUTO_ORIGINS = (BATCH_AUTO, BATCH_AUTO_UNREPORTED)
+"""The ``origin`` values of the epochs of batch runs without ``epoch=``."""
+BATCH_ORIGINS = (BATCH, *AUTO_ORIGINS)
 """The ``origin`` values of batch runs' epochs."""
 DROPPED_OPEN_FILE = "dropped-open-file"
 """``origin`` of a loss recorded by ``eosink recover --drop-lost-open-files``: rows of
@@ -500,6 +507,20 @@ class MetaStore:
                 conn.execute(update(SinkRow).where(SinkRow.sink_id == sink_id).values(**values))
 
         self._retry(what, run)
+
+    def set_origin(self, sink_id: str, generation: int, epoch: int, origin: str) -> None:
+        """Re-tag an epoch's ``origin`` (``batch-auto`` and ``batch-auto-unreported``)."""
+
+        def run(_: int) -> None:
+            with self._tx() as conn:
+                self._fence(conn, sink_id, generation)
+                conn.execute(
+                    update(EpochRow)
+                    .where(EpochRow.sink_id == sink_id, EpochRow.epoch == epoch)
+                    .values(origin=origin)
+                )
+
+        self._retry(f"set epoch {epoch}'s origin", run)
 
     def set_lineage(self, sink_id: str, generation: int, lineage: str, epoch_base: int) -> None:
         self._set(sink_id, generation, "set_lineage", lineage=lineage, epoch_base=epoch_base)
