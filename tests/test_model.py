@@ -1,0 +1,796 @@
+"""A model-checked protocol (issue 24): Hypothesis' rule-based state machine drives the real
+``SinkRuntime``, meta store (SQLite), checkpoint journal and file sink through random
+interleavings of what users and crashes do, and checks after every step what became visible.
+
+What runs for real: the core's protocol (``eosink._protocol``), the meta store, the journals
+(the stream's in its checkpoint, the batch runs' beside the target), the file sink's
+coordinator and its writers through eosink's task code (:func:`eosink.testing.drive_writers`).
+What is simulated: Spark. A stream is driven the way ``eosink.run`` drives it (the sequence of
+``eosink._run._start_stream``, ``eosink._stream.StreamBatches`` and the ``AsyncCommitter``, one
+step at a time), and Spark's checkpoint is a directory whose ``commits/<batch>`` file the model
+writes when a micro-batch's function returns; a batch planned once keeps its rows when it is
+re-run (Spark's offsets log). A crash is a fault point raising in-process
+(:func:`eosink.faults.simulate`): the crashed driver's objects are abandoned and the next
+driver is built from the meta store, the checkpoint and the target, as a restarted process is.
+
+The steps: micro-batches, the async commit, a clean stop, crashes at every core fault point
+(and between steps), batch runs (a new epoch, a re-run, a backfill below the newest epoch, an
+automatic epoch), fresh checkpoints with and without ``new_checkpoint="continue"``, a driver
+that moves to another machine (the meta store is lost; only the checkpoint and the target
+survive), a second driver of the same query while the first still runs (a zombie that must be
+fenced), and garbage collection of committed rows (every second commit, two kept).
+
+Invariants, after every step: no row visible twice; every row visible belongs to a batch run
+or a planned micro-batch; an epoch's rows are visible all or none; every batch run that
+returned has its rows visible. After a clean stop: the stream's visible rows are exactly its
+checkpointed micro-batches'. At the end, every crashed run is re-run and every stream
+restarted to its end: visible = every batch run and micro-batch exactly once (runs given up
+after a refusal: all or nothing), and nothing staged is left.
+
+Profiles: CI runs a bounded one (``EOSINK_MODEL_EXAMPLES``, default 30 examples of up to 30
+steps). The long profile runs rounds of 200 examples until the time is up::
+
+    EOSINK_MODEL_MINUTES=60 uv run --frozen --all-extras pytest tests/test_model.py -p no:randomly
+
+A counterexample is printed as the steps that lead to it (shrunk by Hypothesis); each one
+found becomes a named regression test below.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from harness import read_ids, staged_files
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from eosink._checkpoint import CheckpointDir
+from eosink._metastore import BATCH, MetaStore
+from eosink._protocol import SinkRuntime
+from eosink.errors import (
+    EosinkError,
+    FencedError,
+    NewCheckpointError,
+    SinkIdentityError,
+    UnfinishedRunError,
+)
+from eosink.faults import SimulatedCrash, fault_point, simulate
+from eosink.registry import get_sink
+from eosink.testing import drive_writers
+
+SID = "model:file"
+FULL = os.environ.get("EOSINK_MODEL_FULL") == "1"
+"""Also move the driver when the sink has two checkpoints: the open counterexample
+(``test_found_open_...``) is in that space, so the CI profile leaves it out until fixed."""
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
+
+# The driver's points a file sink run reaches (the native path's after_spark_write and the
+# rolling and kafka points belong to other tests).
+POINTS = (
+    "after_write_results",
+    "after_pre_commit",
+    "after_persist",
+    "before_commit",
+    "mid_commit",
+    "after_commit",
+    "after_mark_committed",
+    "mid_abort",
+    "recovery_before_abort",
+    "recovery_before_finish_abort",
+    "after_lineage_written",
+    "stream_before_start",
+)
+FAULTS = st.one_of(
+    st.none(), st.none(), st.tuples(st.sampled_from(POINTS), st.integers(min_value=1, max_value=2))
+)
+"""No fault (two times in three), or a point and the time it is reached that crashes."""
+
+
+@dataclass
+class Stream:
+    """One streaming query's checkpoint, and Spark's offsets log: batch id -> its rows."""
+
+    ckpt: CheckpointDir
+    path: Path
+    planned: dict[int, list[int]] = field(default_factory=dict)
+
+    def last(self) -> int | None:
+        return self.ckpt.last_committed_batch()
+
+    def checkpoint(self, batch: int) -> None:
+        """Spark's commit log entry: the micro-batch's function returned."""
+        (self.path / "commits").mkdir(parents=True, exist_ok=True)
+        (self.path / "commits" / str(batch)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+
+    def checkpointed_ids(self) -> list[int]:
+        last = self.last()
+        return [i for b, ids in self.planned.items() if last is not None and b <= last for i in ids]
+
+
+@dataclass
+class Driver:
+    """A stream's live driver: its coordinator and the AsyncCommitter's queue."""
+
+    rt: SinkRuntime
+    stream: Stream
+    base: int
+    inline: bool
+    resumed: bool = False
+    queue: list[tuple[int, Any, Any]] = field(default_factory=list)
+    superseded: bool = False
+    """Another coordinator of the sink started since (a batch run, another driver): this one
+    may be fenced."""
+
+
+@dataclass
+class Job:
+    """A batch run: its rows and ``epoch=`` (None: the next free one)."""
+
+    ids: list[int]
+    epoch: int | None
+    state: str = "new"  # done | crashed | given_up | new
+
+
+def _abandon(rt: SinkRuntime) -> None:
+    """What a SIGKILL leaves: nothing of the process runs on (no heartbeat, no connection)."""
+    hb = rt._heartbeat
+    if hb is not None:
+        hb.stop()
+        rt._heartbeat = None
+    rt.store.close()
+
+
+class ProtocolModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.root = Path(tempfile.mkdtemp(prefix="eosink-model-"))
+        self.out = self.root / "out"
+        self.plugin = get_sink("file")
+        self.options = self.plugin.parse_options({"path": str(self.out), "format": "parquet"})
+        self.machine = 0
+        self.streams: list[Stream] = []
+        self.driver: Driver | None = None
+        self.zombies: list[Driver] = []
+        self.jobs: list[Job] = []
+        self.next_id = 0
+        self.max_epoch = -1
+        """The newest epoch any run was handed (the model's knowledge, not the store's)."""
+        self.used: set[int] = set()
+        self.crashes = 0
+        self.next_ckpt = 0
+        self.torn = False
+        """A driver crashed since the last recovery: an epoch may be half committed (its
+        commit crashed midway), until the next driver's recovery finishes it."""
+        self._starting: SinkRuntime | None = None
+
+    # -- the world ---------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """The meta store of the machine the driver runs on (lost when it moves)."""
+        return f"sqlite:///{self.root}/meta-{self.machine}.db"
+
+    def _ids(self, n: int) -> list[int]:
+        ids = list(range(self.next_id, self.next_id + n))
+        self.next_id += n
+        return ids
+
+    def _visible(self) -> list[int]:
+        return read_ids(self.out)
+
+    def _runtime(self) -> SinkRuntime:
+        """A new driver's coordinator (``eosink._setup.open_runtime``), GC every 2nd commit."""
+        store = MetaStore(self.url)
+        rt = SinkRuntime(self.plugin, self.options, SID, store, gc_keep=2, gc_every=2)
+        self._starting = rt
+        try:
+            rt.start()
+        except BaseException:
+            store.close()
+            raise
+        rt.lineage = BATCH
+        for d in [self.driver, *self.zombies]:
+            if d is not None:
+                d.superseded = True
+        return rt
+
+    def _saw(self, epoch: int) -> None:
+        self.used.add(epoch)
+        self.max_epoch = max(self.max_epoch, epoch)
+
+    def _write(self, rt: SinkRuntime, ep: Any, ids: list[int]) -> Any:
+        """The writers of an epoch (two tasks), discarded if one fails; then phase 1."""
+        half = len(ids) // 2
+        parts = [
+            [pa.record_batch([pa.array(p, pa.int64()), pa.array([f"r{i}" for i in p])], SCHEMA)]
+            if p
+            else []
+            for p in (ids[:half], ids[half:])
+        ]
+        setup = ep.setup(SCHEMA)
+        try:
+            results = drive_writers(self.plugin, self.options, SID, ep.epoch, parts, setup)
+        except BaseException:
+            ep.discard()
+            raise
+        return ep.prepare(results, len(ids), 0.0)
+
+    def _attempt(self, fault: tuple[str, int] | None, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` with the fault armed: True if it ran to its end, False if it crashed."""
+        self._starting = None
+        if fault is None:
+            fn()
+            return True
+        with simulate(*fault):
+            try:
+                fn()
+            except SimulatedCrash:
+                self.crashes += 1
+                self.torn = True
+                if self._starting is not None:
+                    _abandon(self._starting)
+                return False
+        return True
+
+    def _crash_driver(self) -> None:
+        if self.driver is not None:
+            _abandon(self.driver.rt)
+            self.driver = None
+
+    def _end_driver(self, keep_as_zombie: bool) -> None:
+        if self.driver is not None and keep_as_zombie:
+            self.zombies.append(self.driver)
+            self.driver = None
+        self._crash_driver()
+
+    # -- streams -----------------------------------------------------------------------------
+    def _start(self, s: Stream, inline: bool, cont: bool) -> None:
+        """``eosink._run._start_stream`` up to Spark's ``start()``."""
+        rt = self._runtime()
+        rt.run_id = uuid.uuid4().hex
+        try:
+            s.ckpt.repair()
+            base = rt.open_stream(s.ckpt, "continue" if cont else "refuse", inline=inline)
+            last = s.last()
+            first = base + (0 if last is None else last + 1)
+            rt.recover(first_epoch=sys.maxsize if inline else first, hold=not inline)
+            base = rt.rebase_stream(s.ckpt, base, held=not inline)
+        except EosinkError:
+            rt.close()
+            rt.store.close()
+            raise
+        fault_point("stream_before_start")
+        self.driver = Driver(rt, s, base, inline)
+
+    @rule(
+        which=st.integers(min_value=0, max_value=3),
+        inline=st.booleans(),
+        cont=st.booleans(),
+        zombie=st.booleans(),
+        fault=FAULTS,
+    )
+    def start_stream(
+        self, which: int, inline: bool, cont: bool, zombie: bool, fault: tuple[str, int] | None
+    ) -> None:
+        """Start a stream: a new checkpoint (``which`` 0) or an existing one. The live driver
+        crashes first, or (``zombie``) runs on, unaware, as a stalled driver would."""
+        self._end_driver(keep_as_zombie=zombie)
+        if which == 0 or not self.streams:
+            path = self.root / f"ckpt-{self.next_ckpt}"
+            self.next_ckpt += 1
+            s = Stream(CheckpointDir(None, str(path)), path)
+            self.streams.append(s)
+        else:
+            s = self.streams[(which - 1) % len(self.streams)]
+        fresh = s.ckpt.read_lineage() is None
+        history = bool(self._visible())
+        try:
+            if self._attempt(fault, lambda: self._start(s, inline, cont)):
+                self.torn = False
+        except NewCheckpointError:
+            # Refused only for a checkpoint that never completed a micro-batch on this sink.
+            assert not cont and s.last() is None, "a known checkpoint was refused as new"
+            if not s.planned:
+                self.streams.remove(s)
+            return
+        started = self.driver is not None and self.driver.stream is s
+        assert not (started and fresh and history and not cont), (
+            "a fresh checkpoint on a sink with committed rows started without "
+            "new_checkpoint='continue' (it would re-read the source)"
+        )
+
+    def _micro_batch(self, d: Driver, batch: int, ids: list[int]) -> None:
+        """``StreamBatches.__call__`` for one micro-batch, then Spark's commit log."""
+        rt = d.rt
+        if not d.resumed and not d.inline:
+            rt.resume_stream(d.base, batch)
+            d.resumed = True
+        ep = rt.stream_epoch(d.base + batch)
+        self._saw(ep.epoch)
+        if not ep.recovered and not ep.skipped:
+            fig = self._write(rt, ep, ids)
+            if d.inline:
+                ep.commit()
+            else:
+                d.queue.append((ep.epoch, ep.committable, fig))
+        d.stream.checkpoint(batch)
+
+    @precondition(lambda self: self.driver is not None)
+    @rule(rows=st.integers(min_value=0, max_value=4), fault=FAULTS)
+    def micro_batch(self, rows: int, fault: tuple[str, int] | None) -> None:
+        d = self.driver
+        assert d is not None
+        s = d.stream
+        last = s.last()
+        batch = 0 if last is None else last + 1
+        if batch not in s.planned:
+            s.planned[batch] = self._ids(rows)
+        try:
+            if not self._attempt(fault, lambda: self._micro_batch(d, batch, s.planned[batch])):
+                self._crash_driver()
+        except (FencedError, SinkIdentityError) as exc:
+            self._stopped_by(d, exc)
+
+    @precondition(lambda self: self.driver is not None and bool(self.driver.queue))
+    @rule(fault=FAULTS)
+    def async_commit(self, fault: tuple[str, int] | None) -> None:
+        """The AsyncCommitter commits the oldest checkpointed epoch (in the model the commit
+        log entry is written when the micro-batch returns)."""
+        d = self.driver
+        assert d is not None
+
+        def commit() -> None:
+            e, c, fig = d.queue[0]
+            d.rt.commit_epoch(e, c, fig)
+            d.queue.pop(0)
+
+        try:
+            if not self._attempt(fault, commit):
+                self._crash_driver()
+        except (FencedError, SinkIdentityError) as exc:
+            self._stopped_by(d, exc)
+
+    def _stopped_by(self, d: Driver, exc: Exception) -> None:
+        """A driver that another coordinator superseded (a batch run, a newer driver) stops
+        with ``FencedError``, or ``SinkIdentityError`` when the other run took its next epoch
+        (the user restarts it: its epochs move above). Never one that nobody replaced."""
+        assert d.superseded, f"a driver nobody replaced stopped: {exc!r}"
+        self._crash_driver()
+
+    def _stop(self, d: Driver) -> None:
+        while d.queue:
+            e, c, fig = d.queue[0]
+            d.rt.commit_epoch(e, c, fig)
+            d.queue.pop(0)
+        d.rt.roll(everything=True)
+        d.rt.close()
+        d.rt.store.close()
+
+    @precondition(lambda self: self.driver is not None)
+    @rule(fault=FAULTS)
+    def stop_stream(self, fault: tuple[str, int] | None) -> None:
+        """A clean stop: commits drained, open files rolled. The stream's visible rows are
+        then exactly its checkpointed micro-batches'."""
+        d = self.driver
+        assert d is not None
+        try:
+            ok = self._attempt(fault, lambda: self._stop(d))
+        except (FencedError, SinkIdentityError) as exc:
+            self._stopped_by(d, exc)
+            return
+        if not ok:
+            self._crash_driver()
+            return
+        self.driver = None
+        s = d.stream
+        mine = {i for ids in s.planned.values() for i in ids}
+        seen = sorted(i for i in self._visible() if i in mine)
+        assert seen == sorted(s.checkpointed_ids()), (
+            "after a clean stop the stream's visible rows are not its checkpointed batches'"
+        )
+
+    @precondition(lambda self: self.driver is not None or bool(self.zombies))
+    @rule()
+    def crash(self) -> None:
+        """SIGKILL of the driver between steps (or of a zombie)."""
+        self.crashes += 1
+        self.torn = True
+        if self.driver is not None:
+            self._crash_driver()
+        else:
+            _abandon(self.zombies.pop().rt)
+
+    @precondition(lambda self: bool(self.zombies))
+    @rule(commit=st.booleans())
+    def zombie_acts(self, commit: bool) -> None:
+        """A stalled driver wakes up: its next commit or micro-batch is fenced, and changes
+        nothing."""
+        z = self.zombies.pop(0)
+        before = Counter(self._visible())
+        s = z.stream
+        last = s.last()
+        batch = 0 if last is None else last + 1
+        try:
+            if commit and z.queue:
+                e, c, fig = z.queue[0]
+                z.rt.commit_epoch(e, c, fig)
+            elif batch in s.planned:
+                self._micro_batch(z, batch, s.planned[batch])
+            else:
+                _abandon(z.rt)
+                return
+        except (FencedError, SinkIdentityError):
+            pass  # fenced, or refused: another run took its next epoch
+        else:
+            raise AssertionError("a zombie driver was not fenced")
+        finally:
+            _abandon(z.rt)
+        assert Counter(self._visible()) == before, "a fenced zombie changed the target"
+
+    @precondition(lambda self: FULL or len(self.streams) <= 1)
+    @rule()
+    def driver_moves(self) -> None:
+        """The driver's machine dies and the next driver runs on another: its meta store
+        (the default one, under ``~``) is gone; the checkpoints and the target remain."""
+        self._crash_driver()
+        for z in self.zombies:
+            _abandon(z.rt)
+        self.zombies.clear()
+        self.machine += 1
+
+    # -- batch runs --------------------------------------------------------------------------
+    def _batch(self, job: Job) -> None:
+        """``eosink._run._run_batch``."""
+        rt = self._runtime()
+        try:
+            ep = rt.batch_epoch(job.epoch)
+            self._saw(ep.epoch)
+            if not ep.recovered and not ep.skipped:
+                self._write(rt, ep, job.ids)
+                ep.commit()
+            rt.roll(everything=True)
+        except EosinkError:
+            rt.close()
+            rt.store.close()
+            raise
+        rt.close()
+        rt.store.close()
+
+    def _run_job(self, job: Job, fault: tuple[str, int] | None, *, may_refuse: bool) -> None:
+        try:
+            ok = self._attempt(fault, lambda: self._batch(job))
+        except UnfinishedRunError:
+            # An automatic run crashed with its data complete; eosink committed it now.
+            crashed = [j for j in self.jobs if j.epoch is None and j.state == "crashed"]
+            assert job.epoch is None and crashed, "UnfinishedRunError without a crashed auto run"
+            vis = set(self._visible())
+            for j in crashed:
+                if set(j.ids) <= vis:
+                    j.state = "done"
+            if job.state != "done":
+                assert not set(job.ids) & vis, "a refused run wrote rows"
+            return
+        except SinkIdentityError:
+            assert may_refuse, f"a batch run with epoch={job.epoch} was refused"
+            assert not set(job.ids) & set(self._visible()), "a refused run wrote rows"
+            job.state = "given_up" if job.state == "crashed" else "refused"
+            return
+        job.state = "done" if ok else "crashed"
+        if ok:
+            self.torn = False
+        if ok:
+            vis = Counter(self._visible())
+            assert all(vis[i] == 1 for i in job.ids), "a batch run returned without its rows"
+
+    @rule(
+        kind=st.sampled_from(["new", "rerun", "backfill", "auto"]),
+        rows=st.integers(min_value=0, max_value=4),
+        pick=st.integers(min_value=0, max_value=50),
+        fault=FAULTS,
+    )
+    def batch_run(self, kind: str, rows: int, pick: int, fault: tuple[str, int] | None) -> None:
+        """A batch run while the stream (if any) runs: it takes the sink over, so the
+        stream's driver is fenced from then on."""
+        may_refuse = kind == "backfill"
+        if kind == "rerun":
+            old = [j for j in self.jobs if j.epoch is not None and j.state in ("done", "crashed")]
+            if not old:
+                return
+            job = old[pick % len(old)]
+            # A crashed run whose epoch a stream took meanwhile (nothing of it was persisted)
+            # is refused; a run that returned is a skip.
+            may_refuse = job.state == "crashed"
+            if may_refuse and set(job.ids) & set(self._visible()):
+                may_refuse = False
+        elif kind == "backfill":
+            free = [e for e in range(self.max_epoch) if e not in self.used]
+            if not free:
+                return
+            job = Job(self._ids(rows), free[pick % len(free)])
+            self.jobs.append(job)
+            self.used.add(job.epoch)  # type: ignore[arg-type]
+        elif kind == "new":
+            job = Job(self._ids(rows), self.max_epoch + 1)
+            self.jobs.append(job)
+            self._saw(self.max_epoch + 1)
+        else:
+            job = Job(self._ids(rows), None)
+            self.jobs.append(job)
+        self._run_job(job, fault, may_refuse=may_refuse)
+
+    # -- invariants --------------------------------------------------------------------------
+    @invariant()
+    def exactly_once_so_far(self) -> None:
+        vis = self._visible()
+        counts = Counter(vis)
+        dup = sorted(i for i, n in counts.items() if n > 1)
+        assert not dup, f"rows visible twice: {dup}"
+        assert all(i < self.next_id for i in counts), "a row nobody wrote is visible"
+        for job in self.jobs:
+            got = sum(1 for i in job.ids if i in counts)
+            assert self.torn or got in (0, len(job.ids)), (
+                f"epoch {job.epoch}: {got}/{len(job.ids)} rows"
+            )
+            if job.state == "done":
+                assert got == len(job.ids), f"a finished batch run's rows are gone: {job}"
+
+        for s in self.streams:
+            for b, ids in s.planned.items():
+                got = sum(1 for i in ids if i in counts)
+                assert self.torn or got in (0, len(ids)), (
+                    f"micro-batch {b}: {got}/{len(ids)} rows visible"
+                )
+
+    def teardown(self) -> None:
+        try:
+            self._finish_everything()
+        finally:
+            for d in [self.driver, *self.zombies]:
+                if d is not None:
+                    _abandon(d.rt)
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _finish_everything(self) -> None:
+        """What users do after it all: re-run the crashed runs, restart every stream and run it
+        to its end. Then every row is visible exactly once and nothing staged is left."""
+        self._crash_driver()
+        for z in self.zombies:
+            _abandon(z.rt)
+        self.zombies.clear()
+        for job in [j for j in self.jobs if j.state == "crashed"]:
+            if job.state != "crashed":
+                continue  # committed by an UnfinishedRunError meanwhile
+            self._run_job(job, None, may_refuse=True)
+            if job.epoch is None and job.state == "crashed":  # it found another one
+                self._run_job(job, None, may_refuse=False)
+        for s in list(self.streams):
+            self._start(s, inline=False, cont=True)
+            d = self.driver
+            assert d is not None
+            while True:
+                last = s.last()
+                batch = 0 if last is None else last + 1
+                if batch not in s.planned:
+                    break
+                self._micro_batch(d, batch, s.planned[batch])
+            self._stop(d)
+            self.driver = None
+        vis = Counter(self._visible())
+        assert all(n == 1 for n in vis.values()), "rows visible twice"
+        must = {i for j in self.jobs if j.state == "done" for i in j.ids}
+        must |= {i for s in self.streams for ids in s.planned.values() for i in ids}
+        maybe = {
+            i for j in self.jobs if j.state in ("given_up", "refused", "crashed") for i in j.ids
+        }
+        missing = sorted(must - set(vis))
+        assert not missing, f"rows lost: {missing}"
+        extra = sorted(set(vis) - must - maybe)
+        assert not extra, f"rows nobody's: {extra}"
+        assert staged_files(self.out) == [], "staged files left after every run finished"
+
+
+def _settings(examples: int, steps: int, *, derandomize: bool = False) -> settings:
+    return settings(
+        derandomize=derandomize,
+        max_examples=examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        suppress_health_check=list(HealthCheck),
+    )
+
+
+MINUTES = float(os.environ.get("EOSINK_MODEL_MINUTES", "0") or 0)
+
+
+@pytest.mark.timeout(int(MINUTES * 60) + 900)
+def test_protocol_model() -> None:
+    """The bounded profile (CI), or rounds of the long one until EOSINK_MODEL_MINUTES."""
+    if not MINUTES:
+        # Derandomized: the same examples every run, so CI fails only on a change that breaks
+        # one; the long profile explores (random) and its counterexamples become tests below.
+        examples = int(os.environ.get("EOSINK_MODEL_EXAMPLES", "30"))
+        run_state_machine_as_test(ProtocolModel, settings=_settings(examples, 30, derandomize=True))
+        return
+    end = time.monotonic() + MINUTES * 60
+    rounds = 0
+    while time.monotonic() < end:
+        run_state_machine_as_test(ProtocolModel, settings=_settings(200, 40))
+        rounds += 1
+    print(f"model checker: {rounds} rounds of 200 examples, no counterexample")
+
+
+# -- counterexamples the model checker found, as named regression tests ----------------------
+# Each is the shrunk sequence of steps Hypothesis printed (the steps are the machine's rules).
+
+
+def _steps(*calls: tuple[str, dict[str, Any]]) -> None:
+    state = ProtocolModel()
+    try:
+        for name, kwargs in calls:
+            getattr(state, name)(**kwargs)
+            state.exactly_once_so_far()
+        state._finish_everything()
+    finally:
+        state.teardown()
+
+
+def test_found_a_stream_start_commits_a_crashed_auto_run_and_the_rerun_is_still_refused() -> None:
+    """A run without epoch= crashes with its data complete; a stream's start commits it (rule
+    7); the user's re-run of the job must not write the rows again: UnfinishedRunError."""
+    _steps(
+        ("batch_run", {"kind": "auto", "rows": 3, "pick": 0, "fault": ("after_persist", 1)}),
+        (
+            "start_stream",
+            {"which": 0, "inline": False, "cont": True, "zombie": False, "fault": None},
+        ),
+        ("stop_stream", {"fault": None}),
+    )
+
+
+def test_found_the_same_after_the_driver_moved() -> None:
+    """As above, with the meta store that knew lost: the target's batch journal remembers."""
+    _steps(
+        ("batch_run", {"kind": "auto", "rows": 3, "pick": 0, "fault": ("after_persist", 1)}),
+        ("batch_run", {"kind": "new", "rows": 2, "pick": 0, "fault": None}),
+        ("driver_moves", {}),
+    )
+
+
+def test_found_a_rerun_that_skips_finishes_a_half_made_commit() -> None:
+    """A run crashes in the middle of its commit (half its files visible); a re-run of an
+    earlier, finished job (a skip) runs the recovery that completes it."""
+    _steps(
+        ("batch_run", {"kind": "new", "rows": 2, "pick": 0, "fault": None}),
+        ("batch_run", {"kind": "auto", "rows": 4, "pick": 0, "fault": ("mid_commit", 1)}),
+        ("driver_moves", {}),
+        ("batch_run", {"kind": "rerun", "rows": 0, "pick": 0, "fault": None}),
+    )
+
+
+def test_found_a_stream_start_keeps_a_crashed_batch_runs_staged_data() -> None:
+    """A batch run crashes with its epoch PENDING; the next driver (another machine) starts a
+    stream: the epoch, known only to the target's batch journal, is not leftovers."""
+    _steps(
+        ("batch_run", {"kind": "new", "rows": 3, "pick": 0, "fault": ("after_persist", 1)}),
+        ("driver_moves", {}),
+        (
+            "start_stream",
+            {"which": 0, "inline": False, "cont": True, "zombie": False, "fault": None},
+        ),
+        ("micro_batch", {"rows": 2, "fault": None}),
+        ("stop_stream", {"fault": None}),
+    )
+
+
+def test_found_an_older_query_resumes_after_another_query_of_the_sink() -> None:
+    """Query A runs, query B (a new checkpoint, continue) runs, then A restarts without
+    new_checkpoint: its checkpoint is not new, its journal says which epochs are its."""
+    _steps(
+        (
+            "start_stream",
+            {"which": 0, "inline": False, "cont": False, "zombie": False, "fault": None},
+        ),
+        ("micro_batch", {"rows": 2, "fault": None}),
+        ("stop_stream", {"fault": None}),
+        (
+            "start_stream",
+            {"which": 0, "inline": True, "cont": True, "zombie": False, "fault": None},
+        ),
+        ("micro_batch", {"rows": 2, "fault": None}),
+        ("stop_stream", {"fault": None}),
+        (
+            "start_stream",
+            {"which": 1, "inline": False, "cont": False, "zombie": False, "fault": None},
+        ),
+        ("micro_batch", {"rows": 2, "fault": None}),
+        ("stop_stream", {"fault": None}),
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (issue 24 note): with the meta store lost, a stream's recovery deletes the "
+    "staged data of another checkpoint's PENDING epoch, which only that checkpoint's journal "
+    "knows; its restart then fails with 'the epoch's data is lost'",
+)
+def test_found_open_a_lost_store_and_another_checkpoints_pending_epoch() -> None:
+    """Found by the model checker, not fixed yet (see the xfail reason): two checkpoints of
+    one sink, PENDING epochs in a checkpoint's journal only, and drivers that move."""
+    _steps(
+        (
+            "start_stream",
+            {
+                "cont": False,
+                "fault": ("after_persist", 1),
+                "inline": False,
+                "which": 1,
+                "zombie": False,
+            },
+        ),
+        ("start_stream", {"cont": True, "fault": None, "inline": True, "which": 2, "zombie": True}),
+        ("micro_batch", {"fault": ("after_mark_committed", 1), "rows": 3}),
+        (
+            "start_stream",
+            {"cont": False, "fault": None, "inline": False, "which": 2, "zombie": False},
+        ),
+        ("driver_moves", {}),
+        ("driver_moves", {}),
+        (
+            "start_stream",
+            {"cont": True, "fault": None, "inline": False, "which": 0, "zombie": True},
+        ),
+        ("micro_batch", {"fault": None, "rows": 0}),
+        ("micro_batch", {"fault": None, "rows": 0}),
+        ("micro_batch", {"fault": None, "rows": 1}),
+        ("micro_batch", {"fault": None, "rows": 3}),
+        ("micro_batch", {"fault": ("mid_commit", 1), "rows": 2}),
+        ("micro_batch", {"fault": None, "rows": 4}),
+        ("micro_batch", {"fault": None, "rows": 2}),
+        ("driver_moves", {}),
+        (
+            "start_stream",
+            {
+                "cont": False,
+                "fault": ("after_lineage_written", 1),
+                "inline": True,
+                "which": 3,
+                "zombie": True,
+            },
+        ),
+        ("driver_moves", {}),
+        (
+            "start_stream",
+            {
+                "cont": True,
+                "fault": ("before_commit", 1),
+                "inline": True,
+                "which": 0,
+                "zombie": True,
+            },
+        ),
+        ("driver_moves", {}),
+        (
+            "start_stream",
+            {"cont": True, "fault": None, "inline": True, "which": 2, "zombie": False},
+        ),
+    )
