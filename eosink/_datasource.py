@@ -208,6 +208,8 @@ def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: 
     # Files that span epochs: a batch write publishes everything; a stream what is due by
     # time (this front end has no stop hook: open files roll at a later micro-batch).
     rt.roll(everything=not stream)
+    if not stream:
+        rt.run_returned(epoch)
 
 
 def _arrow(schema: StructType) -> pa.Schema:

@@ -104,12 +104,23 @@ class Journal:
                 return data
         return None
 
-    def claim(self, lineage: str, epoch_base: int, run: str | None = None) -> int:
+    def claim(
+        self,
+        lineage: str,
+        epoch_base: int,
+        run: str | None = None,
+        first_batch: int = 0,
+        inline: bool = False,
+    ) -> int:
         """Become the newest generation of this sink's drivers on this checkpoint.
 
         Every other driver (on any machine) is fenced from now on. ``run``: the id of the
         ``eosink.run`` call whose coordinator claims (a Spark Connect stream's client and its
-        server worker share one), kept in the record. Returns the generation.
+        server worker share one), kept in the record. ``first_batch``: the first batch id
+        that ``epoch_base`` maps (a query whose base moved above other runs' epochs: its
+        earlier batches had other epochs). ``inline``: the driver commits inside its
+        micro-batches (a PENDING epoch of it may be committed in part). Returns the
+        generation.
         """
         while True:
             n = max(self._generations(), default=0) + 1
@@ -119,6 +130,8 @@ class Journal:
                     "generation": n,
                     "lineage": lineage,
                     "epoch_base": epoch_base,
+                    "first_batch": first_batch,
+                    "inline": inline,
                     "owner": f"{socket.gethostname()}:{os.getpid()}",
                     "at": time.time(),
                     "run": run,
@@ -241,10 +254,12 @@ class Journal:
         return sorted(int(n.split(".")[0]) for n in names if n.endswith(".batch-auto-unreported"))
 
     def mark_reported(self, epoch: int) -> None:
-        """A run without ``epoch=`` reported ``epoch`` (``UnfinishedRunError``)."""
+        """Committed epoch ``epoch`` of a run without ``epoch=`` is reported (the run returned,
+        or a later one raised ``UnfinishedRunError``): recorded committed as ``batch-auto``,
+        its entry deleted (also one a crash left before it was recorded committed)."""
         rel = f"{self.dir}/committed/{epoch:012d}"
+        self.mark_committed(epoch, "batch-auto")
         if self.ckpt.exists(f"{rel}.batch-auto-unreported"):
-            self.ckpt.write_bytes(f"{rel}.batch-auto", b"")
             self.ckpt.delete(f"{rel}.batch-auto-unreported")
 
     def committed_high(self) -> int:

@@ -214,36 +214,55 @@ class SinkRuntime:
     """A stream's journal in its checkpoint (set by :meth:`open_stream`): what phase 2
     needs, kept where a driver on another machine finds it, and the fence across machines."""
     batch_journal: Journal | None = field(init=False, default=None)
-    """The batch journal beside the target (:class:`~eosink.sink.JournalHome`), for the
-    batch runs of a sink whose target has one (set by :meth:`use_batch_journal`)."""
+    """The journal beside the target (:class:`~eosink.sink.JournalHome`), opened by
+    :meth:`target_journal`: every run's PENDING epochs (batch runs' and streams'), so that a
+    driver whose meta store lacks them (another machine, a lost store) neither deletes their
+    staged data as leftovers nor reuses their epochs."""
     run_id: str | None = field(init=False, default=None)
     """The ``eosink.run`` call this coordinator serves, recorded with its journal claims."""
     _since_gc: int = field(init=False, default=0)
     _marker: dict[str, Any] | None = field(init=False, default=None)
     _heartbeat: Heartbeat | None = field(init=False, default=None)
+    _imported: bool = field(init=False, default=False)
+    first_batch: int = field(init=False, default=0)
+    """The first batch id the stream's epoch base maps (see :meth:`_attach`)."""
+    inline: bool = False
+    """A stream that commits inside its micro-batches (``commit_mode="inline"``)."""
+    after_inline: bool = field(init=False, default=False)
+    """The stream's previous driver committed inline (:meth:`open_stream`): its PENDING
+    epochs may be committed in part, so this start commits them all (:meth:`start_recovery`)."""
+
+    def target_journal(self) -> Journal | None:
+        """The journal beside the target, if the sink has one (opened once)."""
+        if self.batch_journal is None and isinstance(self.coordinator, JournalHome):
+            location = self.coordinator.journal_location()
+            if location:
+                self.batch_journal = Journal(CheckpointDir(None, location), self.sink_id, prefix="")
+        return self.batch_journal
 
     def use_batch_journal(self) -> None:
-        """Open the target's batch journal (once) and take from it the PENDING batch epochs
-        this meta store lacks: a crashed batch run's, on another machine or store."""
-        if self.batch_journal is not None or not isinstance(self.coordinator, JournalHome):
+        """Take from the target's journal (once) the PENDING epochs this meta store lacks: a
+        crashed run's (a batch run, another streaming query) on another machine or store.
+        They hold complete data: recovery commits them (rule 7), their staged data is not
+        leftovers, and their epochs are not free."""
+        journal = self.target_journal()
+        if journal is None or self._imported:
             return
-        location = self.coordinator.journal_location()
-        if not location:
-            return
-        self.batch_journal = Journal(CheckpointDir(None, location), self.sink_id, prefix="")
+        self._imported = True
         have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
-        for e, ent in sorted(self.batch_journal.entries().items()):
-            if e in have or ent.origin not in BATCH_ORIGINS:
+        for e, ent in sorted(journal.entries().items()):
+            if e in have:
                 continue
-            if self.batch_journal.committed_origin(e) is not None:
-                self.batch_journal.forget(e)  # committed; the entry's deletion was cut short
+            if ent.origin in BATCH_ORIGINS and journal.committed_origin(e) is not None:
+                journal.forget(e)  # committed; the entry's deletion was cut short
                 continue
             log.warning(
-                "sink %s epoch %d: a crashed batch run's PENDING epoch, in the target's batch "
-                "journal (%s) but unknown to meta store %s; taking it from the journal",
+                "sink %s epoch %d: a crashed run's PENDING epoch (%s), in the target's journal "
+                "(%s) but unknown to meta store %s; taking it from the journal",
                 self.sink_id,
                 e,
-                location,
+                "a batch run" if ent.origin in BATCH_ORIGINS else f"stream {ent.origin[:8]}",
+                journal.ckpt.location,
                 self.store.url_redacted,
             )
             self._persist_entry(ent)
@@ -489,6 +508,16 @@ class SinkRuntime:
             )
         return WRITE, epoch
 
+    def run_returned(self, epoch: int) -> None:
+        """A batch run returns to its caller with ``epoch`` committed: a run without
+        ``epoch=`` is reported (its re-run is new data from now on)."""
+        if self.lineage != BATCH_AUTO:
+            return
+        self.store.set_origin(self.sink_id, self.generation, epoch, BATCH_AUTO)
+        target = self.target_journal()
+        if target is not None:
+            target.mark_reported(epoch)
+
     def stream_decision(self, epoch: int) -> str:
         """What a streaming run does with ``epoch`` (``base + batchId``).
 
@@ -565,7 +594,12 @@ class SinkRuntime:
         rec = self.store.sink(sid)
         assert rec is not None
         journal = Journal(ckpt, sid)
+        self.inline = inline
         lineage = ckpt.read_lineage()
+        prev = journal.state()
+        self.after_inline = bool(
+            prev is not None and lineage is not None and prev.get("lineage") == lineage
+        ) and bool(prev and prev.get("inline"))
         last_batch = ckpt.last_committed_batch()
         nxt = 0 if last_batch is None else last_batch + 1
         if lineage is not None and rec.lineage != lineage:
@@ -626,16 +660,45 @@ class SinkRuntime:
         self.write_marker()
         return base
 
+    def start_recovery(self, ckpt: Any, base: int) -> None:
+        """A stream's recovery at its start (after :meth:`open_stream`), before Spark fixed
+        its first batch: rules 1, 3, 7 and 9 now, rules 2 and 4 for its own epochs from the
+        first batch not checkpointed on held for :meth:`resume_stream`. Inline mode, or a
+        previous driver of the query that committed inline (its PENDING epochs may be
+        committed in part, so they cannot be aborted): every PENDING epoch is committed now
+        (complete data; the replayed batch is then skipped)."""
+        last = ckpt.last_committed_batch()
+        first = base + (0 if last is None else last + 1)
+        if self.inline or self.after_inline:
+            if self.after_inline and not self.inline:
+                log.info(
+                    "sink %s: the query's previous driver committed inline; its PENDING "
+                    "epochs are committed now",
+                    self.sink_id,
+                )
+            self.recover(first_epoch=sys.maxsize)
+        else:
+            self.recover(first_epoch=first, hold=True)
+
     def attach_stream(self, journal: Journal, base: int) -> None:
         """Join a stream that another coordinator set up (:meth:`open_stream`, recovery):
         a Spark Connect server's worker, or the client finishing after the query ended.
         Claims the journal's next generation (``lineage`` must be the stream's)."""
         self._attach(journal, base)
 
-    def _attach(self, journal: Journal, base: int) -> None:
+    def _attach(self, journal: Journal, base: int, first_batch: int | None = None) -> None:
         """Claim the journal's next generation (fencing older drivers) with the stream's
-        lineage and base, and keep the journal for phase 1 and the fence checks."""
-        gen = journal.claim(self.lineage, base, self.run_id)
+        lineage and base, and keep the journal for phase 1 and the fence checks.
+
+        ``first_batch``: the first batch id the base maps (set when the base moves, else
+        carried over from the journal's newest generation of the same base)."""
+        if first_batch is None:
+            kept = journal.state()
+            same = kept is not None and kept.get("lineage") == self.lineage
+            same = same and kept is not None and int(kept.get("epoch_base", base)) == base
+            first_batch = int(kept.get("first_batch", 0)) if same and kept is not None else 0
+        self.first_batch = first_batch
+        gen = journal.claim(self.lineage, base, self.run_id, first_batch, self.inline)
         self.journal = journal
         log.info(
             "sink %s: journal in checkpoint %s, generation %d (epoch base %d)",
@@ -690,7 +753,9 @@ class SinkRuntime:
         entries = self.journal.entries()
         sink = self.store.sink(self.sink_id)
         assert sink is not None
-        floor = max(sink.gc_floor, min(entries) - 1 if entries else -1, base - 1)
+        # Below base + first_batch: batches of the query before its base moved, whose epochs
+        # (other runs' now) were checked then.
+        floor = max(sink.gc_floor, min(entries) - 1 if entries else -1, base + self.first_batch - 1)
         if checkpointed <= floor:
             return
         have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
@@ -765,9 +830,9 @@ class SinkRuntime:
             top,
             top + 1,
         )
+        if self.journal is not None:  # first: the store's base is what a restart trusts
+            self._attach(self.journal, new_base, first_batch=nxt)
         self.store.set_lineage(self.sink_id, self.generation, self.lineage, new_base)
-        if self.journal is not None:
-            self._attach(self.journal, new_base)
         self.write_marker()
         return new_base
 
@@ -834,6 +899,7 @@ class SinkRuntime:
         crashed job would repeat it.
         """
         t0 = time.perf_counter()
+        self.use_batch_journal()  # PENDING epochs only the target's journal knows
         pending = self.store.epochs(self.sink_id, (PENDING,))
         for rec in pending:
             if rec.origin == BATCH_AUTO and self.lineage != BATCH_AUTO:
@@ -893,6 +959,11 @@ class SinkRuntime:
         )
         fault_point("recovery_before_abort")
         if self._abort(rec.epoch, c):
+            target = self.target_journal()
+            if target is not None:
+                # Before the row goes: an entry left behind would be taken for a PENDING
+                # epoch whose staged data is gone.
+                target.forget(rec.epoch)
             fault_point("recovery_before_finish_abort")
             self.store.finish_abort(self.sink_id, self.generation, rec.epoch)
             log.info("sink %s epoch %d: ABORTED, staged data deleted", self.sink_id, rec.epoch)
@@ -985,9 +1056,17 @@ class SinkRuntime:
         # run's beside the target. (No fence check here: the batch's decision made it; a
         # zombie's entry loses to a newer generation's entry of the same epoch.)
         batch = self.lineage in BATCH_ORIGINS
-        journal = self.batch_journal if batch else self.journal
-        if journal is not None:
-            generation = self.generation if batch else journal.generation
+        # A run without epoch= is unreported until it returns to its caller (run_returned):
+        # crashed at any point from here, its re-run is refused (UnfinishedRunError).
+        origin = BATCH_AUTO_UNREPORTED if self.lineage == BATCH_AUTO else self.lineage
+        target = self.target_journal()
+        journals = [target] if batch else [self.journal, target]
+        for journal in journals:
+            if journal is None:
+                continue
+            generation = (
+                self.generation if batch or self.journal is None else self.journal.generation
+            )
             assert generation is not None
             journal.record(
                 Entry(
@@ -1000,7 +1079,7 @@ class SinkRuntime:
                     bytes=nbytes,
                     batch_end_at=batch_end,
                     pre_commit_ms=pre_ms,
-                    origin=self.lineage,
+                    origin=origin,
                 )
             )
         self.store.persist_pending(
@@ -1014,7 +1093,7 @@ class SinkRuntime:
             nbytes=nbytes,
             batch_end_at=batch_end,
             pre_commit_ms=pre_ms,
-            origin=self.lineage,
+            origin=origin,
         )
         fig = EpochFigures(
             epoch,
@@ -1094,11 +1173,25 @@ class SinkRuntime:
         fig.committed_at = time.time()
         self.figures[epoch] = fig
         fault_point("after_mark_committed")
-        if self.batch_journal is not None:
-            rec = self.store.epoch(self.sink_id, epoch)
+        target = self.target_journal()
+        rec = self.store.epoch(self.sink_id, epoch) if target or self.journal else None
+        if target is not None:
             if rec is not None and rec.origin in BATCH_ORIGINS:
-                self.batch_journal.mark_committed(epoch, rec.origin)
-        if self.journal is not None:
+                target.mark_committed(epoch, rec.origin)
+            else:
+                try:  # a leftover entry is re-committed idempotently, never lost
+                    target.forget(epoch)
+                except Exception:
+                    log.warning(
+                        "sink %s: cannot delete epoch %d's entry in the target's journal",
+                        self.sink_id,
+                        epoch,
+                        exc_info=True,
+                    )
+        # Only this stream's own epochs: committing another run's epoch (recovery, rule 7)
+        # says nothing of this stream's entries (one may be an epoch committed ahead of the
+        # checkpoint, which a restart on a lost store needs).
+        if self.journal is not None and (rec is None or rec.origin in (None, self.lineage)):
             try:  # the newest committed epoch's entry stays: older ones are committed
                 self.journal.forget_before(epoch)
             except Exception:  # a leftover entry is re-committed idempotently, never lost

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import sys
 import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -156,6 +155,7 @@ def _run_batch(
 ) -> BatchResult:
     result = _batch_epoch(df, runtime, schema, epoch)
     rolled = runtime.roll(everything=True)  # a batch run leaves no rows in open files
+    runtime.run_returned(result.epoch)
     return dataclasses.replace(result, files=result.files + rolled) if rolled else result
 
 
@@ -194,12 +194,11 @@ def _start_stream(
     ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
     base = runtime.open_stream(ckpt, setup.new_checkpoint, inline=inline)
     last = ckpt.last_committed_batch()
-    first = base + (0 if last is None else last + 1)
     # Inline mode may have crashed in the middle of a commit: every PENDING epoch holds
     # complete data, so finish them all; the replayed batch is then skipped (rule 5).
-    # Otherwise the epochs from `first` on are decided at the first micro-batch
-    # (StreamBatches -> SinkRuntime.resume_stream), once Spark fixed its first batch.
-    runtime.recover(first_epoch=sys.maxsize if inline else first, hold=not inline)
+    # Otherwise the epochs from the first batch not checkpointed on are decided at the first
+    # micro-batch (StreamBatches -> SinkRuntime.resume_stream), once Spark fixed it.
+    runtime.start_recovery(ckpt, base)
     base = runtime.rebase_stream(ckpt, base, held=not inline)
     first = base + (0 if last is None else last + 1)
     sid = runtime.sink_id

@@ -114,6 +114,7 @@ class StreamSettings:
         rt.run_id = self.run_id or None
         try:
             journal = Journal(CheckpointDir(None, self.checkpoint), self.setup.sink_id)
+            rt.inline = self.inline
             rt.attach_stream(journal, self.epoch_base)
         except BaseException:
             rt.close()
