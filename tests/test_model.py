@@ -73,28 +73,19 @@ from eosink.errors import (
     SinkIdentityError,
     UnfinishedRunError,
 )
-from eosink.faults import SimulatedCrash, fault_point, simulate
+from eosink.faults import DRIVER_FAULT_POINTS, SimulatedCrash, fault_point, simulate
 from eosink.registry import get_sink
 from eosink.testing import drive_writers
 
 SID = "model:file"
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
-# The driver's points a file sink run reaches (the native path's after_spark_write and the
-# rolling and kafka points belong to other tests).
-POINTS = (
-    "after_write_results",
-    "after_pre_commit",
-    "after_persist",
-    "before_commit",
-    "mid_commit",
-    "after_commit",
-    "after_mark_committed",
-    "mid_abort",
-    "recovery_before_abort",
-    "recovery_before_finish_abort",
-    "after_lineage_written",
-    "stream_before_start",
+# The driver's points a file sink run reaches: the native path's after_spark_write and the
+# rolling and kafka points belong to other tests.
+POINTS = tuple(
+    p
+    for p in DRIVER_FAULT_POINTS
+    if p != "after_spark_write" and not p.startswith(("roll_", "kafka_"))
 )
 FAULTS = st.one_of(
     st.none(), st.none(), st.tuples(st.sampled_from(POINTS), st.integers(min_value=1, max_value=2))
