@@ -536,6 +536,18 @@ class SinkRuntime:
         if rec is None:
             sink = self.store.sink(self.sink_id)
             decision = SKIP if sink is not None and epoch <= sink.gc_floor else WRITE
+            if decision == SKIP and self.journal is not None:
+                # Committed, its row garbage-collected (or known from the target's marker):
+                # a replay of this stream's own epoch keeps its entry in the journal (the
+                # newest committed one stays); without it, the epoch is another run's.
+                entry = self.journal.entries().get(epoch)
+                if entry is None or entry.origin != self.lineage:
+                    raise SinkIdentityError(
+                        f"epoch {epoch} of sink {self.sink_id!r} was committed by another run "
+                        "(its record is garbage-collected) while this query's epochs were "
+                        "below it. Restart the query: eosink then moves its epochs above "
+                        "every used one"
+                    )
         elif rec.status == ABORTED:
             if not self._finish_aborted(rec):
                 raise SinkError(

@@ -835,3 +835,146 @@ def test_found_committing_another_runs_epoch_keeps_this_streams_journal() -> Non
         ("micro_batch", {"rows": 2, "fault": None}),
         ("stop_stream", {"fault": None}),
     )
+
+
+def test_found_a_stream_skipped_another_runs_garbage_collected_epoch() -> None:
+    """Found by the long profile (not shrunk): two queries of one sink on their own
+    checkpoints, zombies, crashes, GC every second commit. Query B resumed from its journal
+    with its epochs below query A's, whose rows were garbage-collected: B's next batch got
+    one of A's epoch numbers, at or below the GC floor, and was skipped as committed. Its rows
+    were lost. A replay is skipped there now only when the stream's journal holds the epoch."""
+    _steps(
+        (
+            "start_stream",
+            {"cont": False, "fault": None, "inline": False, "which": 0, "zombie": False},
+        ),
+        (
+            "start_stream",
+            {"cont": True, "fault": None, "inline": True, "which": 2, "zombie": False},
+        ),
+        (
+            "start_stream",
+            {
+                "cont": True,
+                "fault": ("recovery_before_abort", 2),
+                "inline": True,
+                "which": 0,
+                "zombie": True,
+            },
+        ),
+        ("zombie_acts", {"commit": True}),
+        ("micro_batch", {"fault": ("mid_commit", 1), "rows": 1}),
+        (
+            "start_stream",
+            {
+                "cont": False,
+                "fault": ("after_mark_committed", 1),
+                "inline": True,
+                "which": 2,
+                "zombie": True,
+            },
+        ),
+        (
+            "start_stream",
+            {"cont": True, "fault": None, "inline": True, "which": 2, "zombie": False},
+        ),
+        (
+            "start_stream",
+            {"cont": False, "fault": None, "inline": True, "which": 3, "zombie": True},
+        ),
+        ("zombie_acts", {"commit": False}),
+        ("micro_batch", {"fault": ("after_persist", 2), "rows": 0}),
+        ("micro_batch", {"fault": ("recovery_before_abort", 1), "rows": 1}),
+        ("start_stream", {"cont": True, "fault": None, "inline": True, "which": 1, "zombie": True}),
+        ("micro_batch", {"fault": ("after_persist", 2), "rows": 1}),
+        ("zombie_acts", {"commit": True}),
+        ("micro_batch", {"fault": ("stream_before_start", 2), "rows": 1}),
+        ("micro_batch", {"fault": ("after_persist", 2), "rows": 1}),
+        (
+            "start_stream",
+            {
+                "cont": False,
+                "fault": ("after_pre_commit", 1),
+                "inline": False,
+                "which": 1,
+                "zombie": True,
+            },
+        ),
+        ("micro_batch", {"fault": ("mid_commit", 1), "rows": 3}),
+        ("micro_batch", {"fault": None, "rows": 0}),
+        ("zombie_acts", {"commit": False}),
+        (
+            "start_stream",
+            {
+                "cont": True,
+                "fault": ("before_commit", 2),
+                "inline": True,
+                "which": 3,
+                "zombie": False,
+            },
+        ),
+        (
+            "start_stream",
+            {"cont": False, "fault": None, "inline": False, "which": 1, "zombie": False},
+        ),
+        ("micro_batch", {"fault": None, "rows": 3}),
+        ("micro_batch", {"fault": None, "rows": 0}),
+        (
+            "start_stream",
+            {
+                "cont": False,
+                "fault": ("stream_before_start", 2),
+                "inline": False,
+                "which": 0,
+                "zombie": True,
+            },
+        ),
+        ("zombie_acts", {"commit": False}),
+        (
+            "start_stream",
+            {
+                "cont": False,
+                "fault": ("after_commit", 2),
+                "inline": True,
+                "which": 3,
+                "zombie": True,
+            },
+        ),
+        (
+            "start_stream",
+            {"cont": False, "fault": None, "inline": True, "which": 3, "zombie": False},
+        ),
+        (
+            "start_stream",
+            {"cont": True, "fault": None, "inline": False, "which": 2, "zombie": True},
+        ),
+        (
+            "start_stream",
+            {"cont": False, "fault": None, "inline": True, "which": 0, "zombie": True},
+        ),
+        ("zombie_acts", {"commit": False}),
+        ("start_stream", {"cont": True, "fault": None, "inline": True, "which": 2, "zombie": True}),
+        (
+            "start_stream",
+            {
+                "cont": True,
+                "fault": ("after_commit", 2),
+                "inline": False,
+                "which": 2,
+                "zombie": True,
+            },
+        ),
+        (
+            "start_stream",
+            {"cont": True, "fault": None, "inline": False, "which": 2, "zombie": True},
+        ),
+        ("micro_batch", {"fault": None, "rows": 1}),
+        ("zombie_acts", {"commit": True}),
+        ("zombie_acts", {"commit": True}),
+        ("zombie_acts", {"commit": False}),
+        ("micro_batch", {"fault": None, "rows": 3}),
+        (
+            "start_stream",
+            {"cont": False, "fault": None, "inline": True, "which": 3, "zombie": False},
+        ),
+    )
