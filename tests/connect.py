@@ -77,8 +77,10 @@ def _session_members(sid: int) -> list[int]:
 
 def _kill_session(sid: int, leader: subprocess.Popen[bytes] | None) -> None:
     """SIGKILL every process of session ``sid`` (and reap ``leader``, its first process)
-    until none is left."""
-    for _ in range(50):
+    until none is left (up to 30 s: on a loaded machine a killed JVM's or worker's exit,
+    unmapping gigabytes, can take seconds; seen in a CI rehearsal at 5 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         members = _session_members(sid)
         if not members and (leader is None or leader.poll() is not None):
             return
@@ -90,7 +92,15 @@ def _kill_session(sid: int, leader: subprocess.Popen[bytes] | None) -> None:
                 leader.wait(timeout=0.1)
         else:
             time.sleep(0.1)
-    raise ServerError(f"session {sid}: processes {_session_members(sid)} survive SIGKILL")
+    left = {pid: _state(pid) for pid in _session_members(sid)}
+    raise ServerError(f"session {sid}: processes (pid: state) {left} survive SIGKILL for 30 s")
+
+
+def _state(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
 
 
 def _die_with_parent() -> None:
