@@ -549,7 +549,6 @@ def cmd_recover(args: argparse.Namespace) -> int:
     rolled = 0
     failure: SinkError | None = None
     try:
-        rt.use_batch_journal()  # a crashed batch run's epoch known only beside the target
         try:
             rt.recover(first_epoch=0)  # lineage "batch": every PENDING epoch is complete data
         except SinkError as exc:  # an epoch that still cannot be committed: reported below

@@ -198,7 +198,7 @@ def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: 
             ep.discard()
             return
     else:
-        rt.use_batch_journal()
+        rt.import_target_journal()
         ep = Epoch(rt, epoch, WRITE)
     codec = rt.plugin.write_result_codec
     msgs = [m for m in messages if isinstance(m, _Message) and m.result is not None]

@@ -213,7 +213,7 @@ class SinkRuntime:
     journal: Journal | None = field(init=False, default=None)
     """A stream's journal in its checkpoint (set by :meth:`open_stream`): what phase 2
     needs, kept where a driver on another machine finds it, and the fence across machines."""
-    batch_journal: Journal | None = field(init=False, default=None)
+    _target: Journal | None = field(init=False, default=None)
     """The journal beside the target (:class:`~eosink.sink.JournalHome`), opened by
     :meth:`target_journal`: every run's PENDING epochs (batch runs' and streams'), so that a
     driver whose meta store lacks them (another machine, a lost store) neither deletes their
@@ -234,13 +234,13 @@ class SinkRuntime:
 
     def target_journal(self) -> Journal | None:
         """The journal beside the target, if the sink has one (opened once)."""
-        if self.batch_journal is None and isinstance(self.coordinator, JournalHome):
+        if self._target is None and isinstance(self.coordinator, JournalHome):
             location = self.coordinator.journal_location()
             if location:
-                self.batch_journal = Journal(CheckpointDir(None, location), self.sink_id, prefix="")
-        return self.batch_journal
+                self._target = Journal(CheckpointDir(None, location), self.sink_id, prefix="")
+        return self._target
 
-    def use_batch_journal(self) -> None:
+    def import_target_journal(self) -> None:
         """Take from the target's journal (once) the PENDING epochs this meta store lacks: a
         crashed run's (a batch run, another streaming query) on another machine or store.
         They hold complete data: recovery commits them (rule 7), their staged data is not
@@ -433,31 +433,26 @@ class SinkRuntime:
                 data complete (now committed).
         """
         sid = self.sink_id
-        self.use_batch_journal()
+        self.import_target_journal()
         if epoch is None:
             self.lineage = BATCH_AUTO
+            # A crashed run's epoch (PENDING), or one another run's recovery committed since
+            # (unreported): this run must tell. (PENDING ``batch-auto``: a store written
+            # before epochs were born unreported.)
             crashed = [
-                r for r in self.store.epochs(sid, (PENDING,)) if r.origin in AUTO_ORIGINS
-            ] + [
-                # committed by another run (recovery) since: this run must still tell
                 r
-                for r in self.store.epochs(sid, (COMMITTED,))
+                for r in self.store.epochs(sid)
                 if r.origin == BATCH_AUTO_UNREPORTED
+                or (r.origin == BATCH_AUTO and r.status == PENDING)
             ]
-            # ... and those the target's batch journal knows (the store that knew is lost)
+            # ... and those the target's journal knows (the store that knew is lost)
             known = {r.epoch for r in crashed}
-            elsewhere = [
-                e
-                for e in (self.batch_journal.unreported() if self.batch_journal else [])
-                if e not in known
-            ]
+            target = self.target_journal()
+            elsewhere = [e for e in (target.unreported() if target else []) if e not in known]
             if crashed or elsewhere:
                 self.recover(first_epoch=0)  # a batch run commits every PENDING batch epoch
-                for r in crashed:  # reported now (a crash before this: reported again)
-                    self.store.set_origin(sid, self.generation, r.epoch, BATCH_AUTO)
                 for e in sorted(known | set(elsewhere)):
-                    if self.batch_journal is not None:
-                        self.batch_journal.mark_reported(e)
+                    self._report(e, in_store=e in known)  # a crash before: reported again
                 crashed.sort(key=lambda r: r.epoch)
                 done = ", ".join(
                     [f"epoch {r.epoch} ({r.rows} rows)" for r in crashed]
@@ -488,7 +483,8 @@ class SinkRuntime:
                     f"{self.store.stream_high(sid)}, or leave epoch unset (the next free one)"
                 )
             return {COMMITTED: SKIP, PENDING: FINISH}.get(rec.status, WRITE), epoch
-        was = self.batch_journal.committed_origin(epoch) if self.batch_journal else None
+        target = self.target_journal()
+        was = target.committed_origin(epoch) if target else None
         if was == BATCH:
             return SKIP, epoch  # committed by a batch run the meta store does not know
         if was == BATCH_AUTO:
@@ -511,9 +507,14 @@ class SinkRuntime:
     def run_returned(self, epoch: int) -> None:
         """A batch run returns to its caller with ``epoch`` committed: a run without
         ``epoch=`` is reported (its re-run is new data from now on)."""
-        if self.lineage != BATCH_AUTO:
-            return
-        self.store.set_origin(self.sink_id, self.generation, epoch, BATCH_AUTO)
+        if self.lineage == BATCH_AUTO:
+            self._report(epoch)
+
+    def _report(self, epoch: int, *, in_store: bool = True) -> None:
+        """Epoch ``epoch`` of a run without ``epoch=`` is reported: ``batch-auto`` again in
+        the store (``in_store``: its row is there) and in the target's journal."""
+        if in_store:
+            self.store.set_origin(self.sink_id, self.generation, epoch, BATCH_AUTO)
         target = self.target_journal()
         if target is not None:
             target.mark_reported(epoch)
@@ -602,24 +603,22 @@ class SinkRuntime:
         sid = self.sink_id
         # A crashed batch run's PENDING epoch known only beside the target (another machine's
         # store): its staged data is not leftovers for this stream's recovery to delete.
-        self.use_batch_journal()
+        self.import_target_journal()
         rec = self.store.sink(sid)
         assert rec is not None
         journal = Journal(ckpt, sid)
         self.inline = inline
         lineage = ckpt.read_lineage()
-        prev = journal.state()
-        self.after_inline = bool(
-            prev is not None and lineage is not None and prev.get("lineage") == lineage
-        ) and bool(prev and prev.get("inline"))
+        kept = journal.state() or {}
+        self.after_inline = lineage is not None and kept.get("lineage") == lineage
+        self.after_inline = self.after_inline and bool(kept.get("inline"))
         last_batch = ckpt.last_committed_batch()
         nxt = 0 if last_batch is None else last_batch + 1
         if lineage is not None and rec.lineage != lineage:
             # The store knows another stream of the sink, or none: this checkpoint's own
             # journal says which epochs are its (a driver on another machine, another meta
             # store, or another query of the sink ran since on its own checkpoint).
-            kept = journal.state()
-            if kept is not None and kept.get("lineage") == lineage:
+            if kept.get("lineage") == lineage:
                 log.warning(
                     "sink %s: meta store %s has no record of this sink's stream on checkpoint "
                     "%s (a driver on another machine, another meta store, or another query of "
@@ -705,10 +704,9 @@ class SinkRuntime:
         ``first_batch``: the first batch id the base maps (set when the base moves, else
         carried over from the journal's newest generation of the same base)."""
         if first_batch is None:
-            kept = journal.state()
-            same = kept is not None and kept.get("lineage") == self.lineage
-            same = same and kept is not None and int(kept.get("epoch_base", base)) == base
-            first_batch = int(kept.get("first_batch", 0)) if same and kept is not None else 0
+            kept = journal.state() or {}
+            same = kept.get("lineage") == self.lineage and kept.get("epoch_base", base) == base
+            first_batch = int(kept.get("first_batch", 0)) if same else 0
         self.first_batch = first_batch
         gen = journal.claim(self.lineage, base, self.run_id, first_batch, self.inline)
         self.journal = journal
@@ -911,7 +909,7 @@ class SinkRuntime:
         crashed job would repeat it.
         """
         t0 = time.perf_counter()
-        self.use_batch_journal()  # PENDING epochs only the target's journal knows
+        self.import_target_journal()  # PENDING epochs only the target's journal knows
         pending = self.store.epochs(self.sink_id, (PENDING,))
         for rec in pending:
             if rec.origin == BATCH_AUTO and self.lineage != BATCH_AUTO:
@@ -1073,13 +1071,11 @@ class SinkRuntime:
         origin = BATCH_AUTO_UNREPORTED if self.lineage == BATCH_AUTO else self.lineage
         target = self.target_journal()
         journals = [target] if batch else [self.journal, target]
+        generation = self.generation if batch or self.journal is None else self.journal.generation
+        assert generation is not None
         for journal in journals:
             if journal is None:
                 continue
-            generation = (
-                self.generation if batch or self.journal is None else self.journal.generation
-            )
-            assert generation is not None
             journal.record(
                 Entry(
                     epoch=epoch,
@@ -1186,7 +1182,11 @@ class SinkRuntime:
         self.figures[epoch] = fig
         fault_point("after_mark_committed")
         target = self.target_journal()
-        rec = self.store.epoch(self.sink_id, epoch) if target or self.journal else None
+        rec = (
+            self.store.epoch(self.sink_id, epoch)
+            if target is not None or self.journal is not None
+            else None
+        )
         if target is not None:
             if rec is not None and rec.origin in BATCH_ORIGINS:
                 target.mark_committed(epoch, rec.origin)

@@ -104,6 +104,11 @@ class Stream:
     def last(self) -> int | None:
         return self.ckpt.last_committed_batch()
 
+    def next_batch(self) -> int:
+        """The batch Spark runs next: the first one not checkpointed."""
+        last = self.last()
+        return 0 if last is None else last + 1
+
     def checkpoint(self, batch: int) -> None:
         """Spark's commit log entry: the micro-batch's function returned."""
         (self.path / "commits").mkdir(parents=True, exist_ok=True)
@@ -127,6 +132,12 @@ class Driver:
     superseded: bool = False
     """Another coordinator of the sink started since (a batch run, another driver): this one
     may be fenced."""
+
+    def commit_head(self) -> None:
+        """The AsyncCommitter's next commit: the oldest queued epoch."""
+        e, c, fig = self.queue[0]
+        self.rt.commit_epoch(e, c, fig)
+        self.queue.pop(0)
 
 
 @dataclass
@@ -325,8 +336,7 @@ class ProtocolModel(RuleBasedStateMachine):
         d = self.driver
         assert d is not None
         s = d.stream
-        last = s.last()
-        batch = 0 if last is None else last + 1
+        batch = s.next_batch()
         if batch not in s.planned:
             s.planned[batch] = self._ids(rows)
         try:
@@ -342,14 +352,8 @@ class ProtocolModel(RuleBasedStateMachine):
         log entry is written when the micro-batch returns)."""
         d = self.driver
         assert d is not None
-
-        def commit() -> None:
-            e, c, fig = d.queue[0]
-            d.rt.commit_epoch(e, c, fig)
-            d.queue.pop(0)
-
         try:
-            if not self._attempt(fault, commit):
+            if not self._attempt(fault, d.commit_head):
                 self._crash_driver()
         except (FencedError, SinkIdentityError) as exc:
             self._stopped_by(d, exc)
@@ -368,9 +372,7 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def _stop(self, d: Driver) -> None:
         while d.queue:
-            e, c, fig = d.queue[0]
-            d.rt.commit_epoch(e, c, fig)
-            d.queue.pop(0)
+            d.commit_head()
         d.rt.roll(everything=True)
         d.rt.close()
         d.rt.store.close()
@@ -420,12 +422,10 @@ class ProtocolModel(RuleBasedStateMachine):
         z = self.zombies.pop(0)
         before = Counter(self._visible())
         s = z.stream
-        last = s.last()
-        batch = 0 if last is None else last + 1
+        batch = s.next_batch()
         try:
             if commit and z.queue:
-                e, c, fig = z.queue[0]
-                z.rt.commit_epoch(e, c, fig)
+                z.commit_head()
             elif batch in s.planned:
                 self._micro_batch(z, batch, s.planned[batch])
             else:
@@ -443,11 +443,15 @@ class ProtocolModel(RuleBasedStateMachine):
     def driver_moves(self) -> None:
         """The driver's machine dies and the next driver runs on another: its meta store
         (the default one, under ``~``) is gone; the checkpoints and the target remain."""
+        self._kill_all()
+        self.machine += 1
+
+    def _kill_all(self) -> None:
+        """Every driver of this machine dies: the live one and the zombies."""
         self._crash_driver()
         for z in self.zombies:
             _abandon(z.rt)
         self.zombies.clear()
-        self.machine += 1
 
     # -- batch runs --------------------------------------------------------------------------
     def _batch(self, job: Job) -> None:
@@ -490,7 +494,6 @@ class ProtocolModel(RuleBasedStateMachine):
         job.state = "done" if ok else "crashed"
         if ok:
             self.torn = False
-        if ok:
             vis = Counter(self._visible())
             assert all(vis[i] == 1 for i in job.ids), "a batch run returned without its rows"
 
@@ -557,18 +560,13 @@ class ProtocolModel(RuleBasedStateMachine):
         try:
             self._finish_everything()
         finally:
-            for d in [self.driver, *self.zombies]:
-                if d is not None:
-                    _abandon(d.rt)
+            self._kill_all()
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _finish_everything(self) -> None:
         """What users do after it all: re-run the crashed runs, restart every stream and run it
         to its end. Then every row is visible exactly once and nothing staged is left."""
-        self._crash_driver()
-        for z in self.zombies:
-            _abandon(z.rt)
-        self.zombies.clear()
+        self._kill_all()
         for job in [j for j in self.jobs if j.state == "crashed"]:
             if job.state != "crashed":
                 continue  # committed by an UnfinishedRunError meanwhile
@@ -579,11 +577,7 @@ class ProtocolModel(RuleBasedStateMachine):
             self._start(s, inline=False, cont=True)
             d = self.driver
             assert d is not None
-            while True:
-                last = s.last()
-                batch = 0 if last is None else last + 1
-                if batch not in s.planned:
-                    break
+            while (batch := s.next_batch()) in s.planned:
                 self._micro_batch(d, batch, s.planned[batch])
             self._stop(d)
             self.driver = None
@@ -634,7 +628,8 @@ def test_protocol_model() -> None:
 
 
 # -- counterexamples the model checker found, as named regression tests ----------------------
-# Each is the shrunk sequence of steps Hypothesis printed (the steps are the machine's rules).
+# Each is the sequence of steps Hypothesis printed (shrunk where it could; the steps are the
+# machine's rules).
 
 
 def _steps(*calls: tuple[str, dict[str, Any]]) -> None:
