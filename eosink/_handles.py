@@ -50,7 +50,9 @@ class StreamingHandle:
 
     ``stop()`` and ``await_termination()`` return only once every epoch that Spark has
     checkpointed is committed and visible. ``figures`` holds one :class:`EpochFigures` per
-    micro-batch (rows, pre-commit and commit durations, visibility lag).
+    micro-batch (rows, pre-commit and commit durations, visibility lag), the newest 1,000 of
+    them: a stream that runs for months keeps a flat memory. Every epoch's figures stay in the
+    meta store (``eosink status``) and reach the ``eosink_epoch_committed`` hook.
 
     Over Spark Connect the micro-batches run in the server's Python worker: ``figures`` is
     filled from the meta store when the query ends, and ``stop()`` / ``await_termination()``
@@ -60,7 +62,8 @@ class StreamingHandle:
         query: the Spark ``StreamingQuery``.
         sink_id: the sink.
         epoch_base: epoch = ``epoch_base`` + Spark's batchId for this checkpoint.
-        figures: one :class:`EpochFigures` per micro-batch of this run, in order.
+        figures: one :class:`EpochFigures` per micro-batch of this run, in order (the newest
+            1,000).
     """
 
     query: StreamingQuery
@@ -91,7 +94,8 @@ class StreamingHandle:
         return bool(self.query.isActive)
 
     def committed_epochs(self) -> list[int]:
-        """The epochs this handle's micro-batches wrote that are committed so far, in order."""
+        """The epochs this handle's micro-batches wrote that are committed so far, in order
+        (among the newest 1,000 micro-batches: :attr:`figures`)."""
         return [f.epoch for f in self.figures if f.committed_at]
 
     def _finish(self) -> None:

@@ -61,6 +61,12 @@ SKIP, FINISH, WRITE = "skip", "finish", "write"
 of a crashed run (its PENDING row holds complete data), or write it."""
 
 
+FIGURES_KEPT = 1000
+"""Epochs whose :class:`EpochFigures` a driver keeps in memory (the newest ones): a runtime's
+``figures`` and a streaming handle's. The meta store keeps every epoch's (``eosink status``);
+the ``eosink_epoch_committed`` hook receives each one."""
+
+
 @dataclass
 class EpochFigures:
     """What happened to one epoch; exposed by handles and results, logged, sent to hooks.
@@ -1116,7 +1122,7 @@ class SinkRuntime:
             held_bytes=prepared.held_bytes,
             writer=writer,
         )
-        self.figures[epoch] = fig
+        self._keep_figures(epoch, fig)
         log.debug(
             "sink %s epoch %d: PENDING (rows=%d files=%d bytes=%d write=%.3fs (%s) "
             "pre_commit=%.1fms persist=%.1fms%s)",
@@ -1135,6 +1141,14 @@ class SinkRuntime:
         )
         fault_point("after_persist")
         return committable, fig
+
+    def _keep_figures(self, epoch: int, fig: EpochFigures) -> None:
+        """Remember ``fig`` as ``epoch``'s figures; only the newest :data:`FIGURES_KEPT` epochs'
+        are kept (a stream runs for months: its driver's memory must not grow per epoch)."""
+        self.figures.pop(epoch, None)
+        self.figures[epoch] = fig
+        while len(self.figures) > FIGURES_KEPT:
+            del self.figures[next(iter(self.figures))]
 
     def commit_epoch(self, epoch: int, committable: Any, fig: EpochFigures | None = None) -> None:
         """Phase 2: commit (retried with backoff while transient) and mark COMMITTED."""
@@ -1179,7 +1193,7 @@ class SinkRuntime:
         fig.commit_ms = (time.perf_counter() - t0) * 1000
         self.store.mark_committed(self.sink_id, self.generation, epoch, commit_ms=fig.commit_ms)
         fig.committed_at = time.time()
-        self.figures[epoch] = fig
+        self._keep_figures(epoch, fig)
         fault_point("after_mark_committed")
         target = self.target_journal()
         rec = (

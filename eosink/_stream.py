@@ -28,7 +28,7 @@ from ._checkpoint import CheckpointDir
 from ._journal import Journal
 from ._logs import default_logging
 from ._metastore import COMMITTED, PENDING, MetaStore
-from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
+from ._protocol import FIGURES_KEPT, AsyncCommitter, EpochFigures, SinkRuntime
 from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime
 from ._write import Written, write_epoch
@@ -134,6 +134,14 @@ def write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
     except BaseException:
         ep.discard()
         raise
+
+
+def keep_figures(figures: list[EpochFigures], fig: EpochFigures) -> None:
+    """Append a micro-batch's figures to a handle's list, which keeps the newest
+    :data:`~eosink._protocol.FIGURES_KEPT` (trimmed in place, by a tenth at a time)."""
+    figures.append(fig)
+    if len(figures) > FIGURES_KEPT + FIGURES_KEPT // 10:
+        del figures[: len(figures) - FIGURES_KEPT]
 
 
 @dataclass
@@ -248,11 +256,11 @@ class StreamBatches:
                 ep.epoch,
                 batch_id,
             )
-            live.figures.append(EpochFigures(ep.epoch, skipped=True))
+            keep_figures(live.figures, EpochFigures(ep.epoch, skipped=True))
             return
         w = write_or_discard(batch_df, ep, arrow_schema(batch_df))
         fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
-        live.figures.append(fig)
+        keep_figures(live.figures, fig)
         if committer is None:
             ep.commit()
         else:

@@ -147,6 +147,41 @@ def test_stream_available_now(spark, tmp_path: Path, metastore_url: str) -> None
     assert read_ids(out) == expected
 
 
+def test_stream_keeps_the_newest_figures_only(
+    spark, tmp_path: Path, metastore_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's driver keeps the figures of its newest FIGURES_KEPT micro-batches only (a
+    stream that runs for months must not grow its memory per epoch); every epoch is still
+    committed and in the meta store."""
+    import eosink._protocol
+    import eosink._stream
+
+    monkeypatch.setattr(eosink._protocol, "FIGURES_KEPT", 2)
+    monkeypatch.setattr(eosink._stream, "FIGURES_KEPT", 2)
+    inp, expected = _stream_input(tmp_path, files=5)
+    out = tmp_path / "out"
+    h = eosink.run(
+        _stream(spark, inp),
+        sink="file",
+        path=str(out),
+        checkpoint_location=str(tmp_path / "chk"),
+        trigger={"availableNow": True},
+        metastore_url=metastore_url,
+    )
+    h.await_termination()
+    assert read_ids(out) == expected
+    assert [f.epoch for f in h.figures] == [3, 4]
+    assert h.committed_epochs() == [3, 4]
+    live = h._batches.live
+    assert live is not None and sorted(live.runtime.figures) == [3, 4]
+    from eosink._metastore import MetaStore
+
+    store = MetaStore(metastore_url)
+    states = {r.epoch: r.status for r in store.epochs(f"file:{out.resolve()}")}
+    store.close()
+    assert states == dict.fromkeys(range(5), "COMMITTED")
+
+
 def test_stream_stop_drains_commits(spark, tmp_path: Path) -> None:
     """A processing-time stream stopped mid-way: every checkpointed epoch is visible."""
     inp, expected = _stream_input(tmp_path, files=3)
