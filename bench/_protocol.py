@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -17,14 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TARGET_MS = {"SQLite": 5.0, "PostgreSQL": 15.0}
 
 
-def protocol_cost(
-    url: str, label: str, epochs: int, tmp: Path, journal: bool = True
-) -> list[float]:
-    """Milliseconds per epoch of what a micro-batch of the file sink runs around its write,
-    for an empty epoch: the decision (replay check, fencing), ``writer_setup``,
-    ``pre_commit`` + persist PENDING, commit + mark COMMITTED (GC every 100 epochs).
-    ``journal``: as a stream does, with the journal in a (local) checkpoint: its entry
-    written before PENDING, older entries deleted after COMMITTED, its fence checked."""
+@contextmanager
+def stream_runtime(url: str, label: str, tmp: Path, journal: bool = True) -> Iterator[Any]:
+    """The coordinator of a stream of the file sink as a micro-batch finds it: a
+    :class:`SinkRuntime` on ``url``, started, with (``journal``) the stream's journal in a
+    local checkpoint under ``tmp``. Closed (runtime and store) on exit."""
     import eosink
     from eosink._checkpoint import CheckpointDir
     from eosink._journal import Journal
@@ -36,26 +34,43 @@ def protocol_cost(
     store = MetaStore(url)
     sid = f"bench-proto-{label}-{time.time_ns()}"
     rt = SinkRuntime(plugin, opts, sid, store)
-    rt.start()
-    rt.lineage = "bench"
-    if journal:
-        j = Journal(CheckpointDir(None, str(tmp / f"ckpt-{label}-{time.time_ns()}")), sid)
-        j.claim(rt.lineage, 0)
-        rt.journal = j
-    schema = pa.schema([("id", pa.int64())])
-    costs = []
     try:
-        for e in range(epochs):
-            t0 = time.perf_counter()
-            ep = rt.stream_epoch(e)
-            ep.setup(schema)
-            ep.prepare([], 0, 0.0)
-            ep.commit()
-            costs.append((time.perf_counter() - t0) * 1000)
+        rt.start()
+        rt.lineage = "bench"
+        if journal:
+            j = Journal(CheckpointDir(None, str(tmp / f"ckpt-{label}-{time.time_ns()}")), sid)
+            j.claim(rt.lineage, 0)
+            rt.journal = j
+        yield rt
     finally:
         rt.close()
         store.close()
-    return costs
+
+
+SCHEMA = pa.schema([("id", pa.int64())])
+
+
+def empty_epoch(rt: Any, e: int) -> float:
+    """One empty epoch through what a micro-batch runs around its write: the decision (replay
+    check, fencing), ``writer_setup``, ``pre_commit`` + persist PENDING, commit + mark
+    COMMITTED (GC every 100 epochs). Returns its milliseconds."""
+    t0 = time.perf_counter()
+    ep = rt.stream_epoch(e)
+    ep.setup(SCHEMA)
+    ep.prepare([], 0, 0.0)
+    ep.commit()
+    return (time.perf_counter() - t0) * 1000
+
+
+def protocol_cost(
+    url: str, label: str, epochs: int, tmp: Path, journal: bool = True
+) -> list[float]:
+    """Milliseconds per epoch of what a micro-batch of the file sink runs around its write,
+    for an empty epoch (:func:`empty_epoch`). ``journal``: as a stream does, with the journal
+    in a (local) checkpoint: its entry written before PENDING, older entries deleted after
+    COMMITTED, its fence checked."""
+    with stream_runtime(url, label, tmp, journal) as rt:
+        return [empty_epoch(rt, e) for e in range(epochs)]
 
 
 @contextmanager

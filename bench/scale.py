@@ -8,6 +8,16 @@
   ``protocol`` part's loop, SQLite meta store, checkpoint journal): p50 per window of the
   run, and the meta store's size at the end. Target: flat cost, store under 10 MB after
   100,000 epochs.
+* **sinks**: 64 sinks streaming at once against one PostgreSQL meta store (embedded server, or
+  ``--pg``), each in its own process as each stream has its own driver, each running an empty
+  epoch through a micro-batch's code every ``--interval`` s (its phase spread over the
+  interval): the protocol's cost per epoch p50/p99 and the errors, against one sink alone
+  paced the same. Target: p99 within 2x of one sink's.
+* **memory**: the driver's memory over 10,000 micro-batches of one stream: eosink's own
+  micro-batch function (``StreamBatches``, the async committer, the handle's figures) on a
+  SQLite meta store and a local checkpoint, Spark's write left out (the DataFrame is
+  empty and its commit log written as Spark would). The process's RSS and Python's traced
+  allocations every 1,000 micro-batches. Target: no growth.
 
 Prints one table; record the figures in docs/benchmarks.md.
 """
@@ -15,12 +25,15 @@ Prints one table; record the figures in docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from ._common import med, pct
 from ._protocol import protocol_cost
@@ -114,22 +127,293 @@ def epochs_part(tmp: Path, epochs: int) -> list[str]:
     return lines
 
 
+def _sink_worker(
+    url: str,
+    index: int,
+    n: int,
+    tmp: str,
+    duration: float,
+    interval: float,
+    ready: Any,
+    out: Any,
+) -> None:
+    """One stream's driver of the sinks part: an empty epoch every ``interval`` s."""
+    from ._protocol import empty_epoch, stream_runtime
+
+    costs: list[float] = []
+    cpu: list[float] = []
+    errors: list[str] = []
+    try:
+        with stream_runtime(url, f"s{index}", Path(tmp)) as rt:
+            ready.wait(timeout=600)
+            start = time.monotonic() + interval * index / n
+            e = tick = 0
+            failed_in_a_row = 0
+            while True:
+                at = start + tick * interval
+                if at - start > duration:
+                    break
+                time.sleep(max(0.0, at - time.monotonic()))
+                tick += 1
+                try:
+                    c0 = time.process_time()
+                    costs.append(empty_epoch(rt, e))
+                    cpu.append((time.process_time() - c0) * 1000)
+                    e += 1
+                    failed_in_a_row = 0
+                except Exception as exc:  # counted; the same epoch again at the next tick
+                    errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                    failed_in_a_row += 1
+                    if failed_in_a_row >= 3:
+                        errors.append("gave up after 3 failed epochs in a row")
+                        break
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        try:
+            ready.abort()
+        except Exception:
+            pass
+    out.put((index, costs, cpu, errors))
+
+
+def _run_sinks(url: str, n: int, tmp: Path, duration: float, interval: float) -> dict[str, Any]:
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    import sqlalchemy as sa
+
+    ctx = mp.get_context("spawn")
+    ready = ctx.Barrier(n + 1)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_sink_worker,
+            args=(url, i, n, str(tmp / f"sinks-{n}"), duration, interval, ready, out),
+            daemon=True,
+        )
+        for i in range(n)
+    ]
+    for p in procs:
+        p.start()
+    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    db = sa.engine.make_url(url).database
+    peak = 0
+    results: dict[int, tuple[list[float], list[float], list[str]]] = {}
+    try:
+        ready.wait(timeout=900)
+        store_cpu0 = _postgres_cpu_s()
+        deadline = time.monotonic() + duration + 120
+        while len(results) < n and time.monotonic() < deadline:
+            with eng.connect() as c:
+                peak = max(
+                    peak,
+                    int(
+                        c.execute(
+                            sa.text("select count(*) from pg_stat_activity where datname = :d"),
+                            {"d": db},
+                        ).scalar()
+                        or 0
+                    )
+                    - 1,  # this sampler's own connection
+                )
+            try:
+                while True:
+                    i, *result = out.get(timeout=0.5)
+                    results[i] = tuple(result)  # type: ignore[assignment]
+            except queue_mod.Empty:
+                pass
+        store_cpu = _postgres_cpu_s() - store_cpu0
+    except threading.BrokenBarrierError:
+        store_cpu = float("nan")
+    finally:
+        eng.dispose()
+    try:
+        while len(results) < n:
+            i, *result = out.get(timeout=60)
+            results[i] = tuple(result)  # type: ignore[assignment]
+    except queue_mod.Empty:
+        pass
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    costs = [c for cs, _, _ in results.values() for c in cs]
+    cpu = [c for _, cs, _ in results.values() for c in cs]
+    errors = [e for _, _, es in results.values() for e in es]
+    errors += [f"sink {i}: no result (its process died)" for i in range(n) if i not in results]
+    return {"costs": costs, "cpu": cpu, "errors": errors, "peak": peak, "store_cpu": store_cpu}
+
+
+def _postgres_cpu_s() -> float:
+    """CPU seconds used so far by this machine's PostgreSQL server processes (/proc), ended
+    backends included."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        if name.startswith("postgres"):
+            fields = text[text.rindex(")") + 2 :].split()
+            # utime + stime, and cutime + cstime: backends that ended, reaped by the postmaster
+            total += sum(int(f) for f in fields[11:15]) / tick
+    return total
+
+
+def sinks_part(
+    tmp: Path, counts: list[int], duration: float, interval: float, pg_admin: str | None
+) -> list[str]:
+    from ._protocol import postgres
+
+    lines = [
+        "| sinks | epochs | epochs/s | p50 ms | p99 ms | max ms | p99 / one sink's "
+        "| driver CPU ms per epoch (p50) | server CPU ms per epoch | errors | peak connections |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    errors_seen: list[str] = []
+    with postgres(pg_admin, lambda m: print(m, flush=True)) as url:
+        if url is None:
+            return ["PostgreSQL unavailable: the sinks part needs it (--pg or the dev deps)"]
+        base_p99 = None
+        for n in counts:
+            print(f"  {n} sink(s), {duration:g} s, an epoch every {interval:g} s each", flush=True)
+            r = _run_sinks(url, n, tmp, duration, interval)
+            c = r["costs"]
+            if not c:
+                lines.append(
+                    f"| {n} | 0 | - | - | - | - | - | - | - | {len(r['errors'])} | {r['peak']} |"
+                )
+                errors_seen += r["errors"]
+                continue
+            p99 = pct(c, 0.99)
+            base_p99 = base_p99 or p99
+            lines.append(
+                f"| {n} | {len(c):,} | {len(c) / duration:.1f} | {med(c):.2f} | {p99:.2f} "
+                f"| {max(c):.2f} | {p99 / base_p99:.2f} | {med(r['cpu']):.2f} "
+                f"| {r['store_cpu'] * 1000 / len(c):.2f} | {len(r['errors'])} | {r['peak']} |"
+            )
+            print(lines[-1], flush=True)
+            errors_seen += r["errors"]
+    if errors_seen:
+        counted = collections.Counter(errors_seen)
+        lines += ["", "Errors:"] + [f"* {k} ({v}x)" for k, v in counted.most_common(10)]
+    return lines
+
+
+class _NoSpark:
+    """A micro-batch's DataFrame for the memory part: empty; Spark is left out."""
+
+
+def memory_part(tmp: Path, batches: int, every: int) -> list[str]:
+    import gc
+    import tracemalloc
+    from unittest import mock
+
+    import eosink._stream as stream_mod
+    from eosink._checkpoint import CheckpointDir
+    from eosink._handles import StreamingHandle
+    from eosink._write import Written
+
+    from ._protocol import SCHEMA, stream_runtime
+
+    def rss_mb() -> float:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    ckpt_path = tmp / "memory-ckpt"
+    ckpt = CheckpointDir(None, str(ckpt_path))
+    commits = ckpt_path / "commits"
+    lines = [
+        "| micro-batches | RSS MB | traced Python MB | handle figures | runtime figures "
+        "| ms per micro-batch (p50 of the last 1,000) |",
+        "|---|---|---|---|---|---|",
+    ]
+    with stream_runtime(f"sqlite:///{tmp / 'memory.db'}", "memory", tmp) as rt:
+        from eosink._protocol import AsyncCommitter
+        from eosink._stream import StreamBatches, _Live
+
+        committer = AsyncCommitter(rt, lambda e: ckpt.has_commit(e))
+        fn = StreamBatches.__new__(StreamBatches)
+        fn.settings = mock.Mock(epoch_base=0, inline=False)
+        fn.figures = []
+        fn.live = _Live(rt, committer, fn.figures, None, resumed=True)
+        handle = StreamingHandle(mock.Mock(), rt.sink_id, 0, fn)
+        empty = Written([], 0, 0.0, "python")
+        costs: list[float] = []
+        tracemalloc.start()
+        with (
+            mock.patch.object(stream_mod, "write_or_discard", lambda df, ep, schema: empty),
+            mock.patch.object(stream_mod, "arrow_schema", lambda df: SCHEMA),
+        ):
+            for b in range(batches):
+                t0 = time.perf_counter()
+                fn(_NoSpark(), b)  # type: ignore[arg-type]
+                # Spark's commit log: the micro-batch returned (Spark keeps the newest 100)
+                commits.mkdir(parents=True, exist_ok=True)
+                (commits / str(b)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+                (commits / str(b - 200)).unlink(missing_ok=True)
+                costs.append((time.perf_counter() - t0) * 1000)
+                if (b + 1) % every == 0 or b + 1 == batches:
+                    gc.collect()
+                    traced = tracemalloc.get_traced_memory()[0] / 1e6
+                    lines.append(
+                        f"| {b + 1:,} | {rss_mb():.1f} | {traced:.2f} | {len(handle.figures):,} "
+                        f"| {len(rt.figures):,} | {med(costs[-every:]):.2f} |"
+                    )
+                    print(lines[-1], flush=True)
+        committer.drain(until_checkpointed=True)
+        snapshot = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+    top = snapshot.statistics("lineno")[:5]
+    lines += ["", "Largest traced allocations at the end:"] + [
+        f"* {st.traceback[0].filename.split('site-packages/')[-1]}:{st.traceback[0].lineno}: "
+        f"{st.size / 1e3:.0f} KB in {st.count:,} blocks"
+        for st in top
+    ]
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
-    ap.add_argument("--only", choices=["tasks", "epochs"], help="one part (default both)")
+    ap.add_argument(
+        "--only",
+        choices=["tasks", "epochs", "sinks", "memory"],
+        action="append",
+        help="a part to run (repeatable; default all)",
+    )
     ap.add_argument("--tasks", default="10,100,1000", help="task counts of the tasks part")
     ap.add_argument("--reps", type=int, default=3, help="runs per task count (after a warm-up)")
     ap.add_argument("--epochs", type=int, default=100_000, help="epochs of the epochs part")
+    ap.add_argument("--sinks", default="1,64", help="sink counts of the sinks part")
+    ap.add_argument("--duration", type=float, default=240.0, help="seconds of each sinks run")
+    ap.add_argument("--interval", type=float, default=4.0, help="s between a sink's epochs")
+    ap.add_argument("--pg", help="a PostgreSQL admin URL (default: an embedded server)")
+    ap.add_argument("--batches", type=int, default=10_000, help="micro-batches, memory part")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="eosink-scale-"))
     try:
-        if a.only in (None, "tasks"):
+        parts = a.only or ["tasks", "epochs", "sinks", "memory"]
+        if "tasks" in parts:
             print("## One epoch written by many tasks (file sink, Python writers)\n", flush=True)
             lines = tasks_part(tmp, [int(x) for x in a.tasks.split(",")], a.reps)
             print("\n" + "\n".join(lines) + "\n", flush=True)
-        if a.only in (None, "epochs"):
+        if "epochs" in parts:
             print(f"## {a.epochs:,} epochs of one sink (SQLite meta store)\n", flush=True)
             print("\n".join(epochs_part(tmp, a.epochs)) + "\n", flush=True)
+        if "sinks" in parts:
+            print("## Many sinks on one PostgreSQL meta store\n", flush=True)
+            lines = sinks_part(
+                tmp, [int(x) for x in a.sinks.split(",")], a.duration, a.interval, a.pg
+            )
+            print("\n" + "\n".join(lines) + "\n", flush=True)
+        if "memory" in parts:
+            print(f"## The driver's memory over {a.batches:,} micro-batches\n", flush=True)
+            lines = memory_part(tmp, a.batches, max(1, a.batches // 10))
+            print("\n" + "\n".join(lines) + "\n", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
