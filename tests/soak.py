@@ -12,8 +12,10 @@ a random instant, restarted and killed again, up to ``--max-kills-per-run`` time
 allowed to finish. Half of the instants (``--protocol-share``) are drawn from the first change
 of the sink's meta store rows in that run (0..``--protocol-window`` s after it), the others
 from the driver's start (``--min-kill``..``--max-kill`` s), which may land in Spark's start-up.
-An independent reader (pyarrow for files, a pyiceberg scan for Iceberg) then compares the
-output with the input row by row. One line per sink sums it up::
+An independent reader (pyarrow for files, a pyiceberg scan for Iceberg, a ``read_committed``
+consumer for Kafka) then compares the output with the input row by row. Sinks: ``file``,
+``rolling`` (the file sink with files that span epochs: one rolls every second micro-batch),
+``iceberg``, ``kafka`` (a topic of a broker the soak starts). One line per sink sums it up::
 
     file     runs=61 kills=203 in_protocol=151 rows=146400 lost=0 duplicated=0 leftovers=0 ...
 
@@ -28,20 +30,30 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import random
 import shutil
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
-from harness import Job, epoch_states, make_input, read_ids, staged_files  # noqa: E402
+from harness import (  # noqa: E402
+    Job,
+    epoch_states,
+    make_input,
+    read_ids,
+    read_topic,
+    staged_files,
+)
 
-SINKS = ("file", "iceberg")
+SINKS = ("file", "rolling", "iceberg", "kafka")
 
 
 @dataclass
@@ -73,17 +85,50 @@ class Tally:
 
 
 def _read(job: Job, sink: str) -> tuple[list[int], list[str]]:
-    """(ids in the output, leftover files) as an independent reader sees them."""
-    if sink == "file":
+    """(ids in the output, leftovers) as an independent reader sees them: pyarrow for files
+    (staged files left), a pyiceberg scan for Iceberg (data files no snapshot references),
+    a ``read_committed`` consumer for Kafka (staged chunks left)."""
+    if sink in ("file", "rolling"):
         return read_ids(job.out), staged_files(job.out)
+    if sink == "kafka":
+        records = read_topic(job.sink_options["bootstrap_servers"], job.sink_options["topic"])
+        ids = [int(json.loads(r.value)["id"]) for r in records if r.value is not None]
+        return ids, job.kafka_staged()
     from test_iceberg import iceberg_rows, orphan_files
 
     opts = job.iceberg_options()
     return [int(r["id"]) for r in iceberg_rows(opts)], orphan_files(opts)
 
 
+def make_job(
+    tmp: Path, sink: str, mode: str, metastore: str, args: argparse.Namespace, kafka: Any
+) -> Job:
+    """The crash-test driver's job for ``sink``: ``rolling`` is the file sink with files that
+    span epochs (a file rolls every second micro-batch: ``max_row_count`` = two input files'
+    rows); ``kafka`` writes to a new 2-partition topic of the soak's broker."""
+    if sink == "rolling":
+        return Job(tmp, mode, metastore, sink_options={"max_row_count": 2 * args.rows})
+    if sink == "kafka":
+        topic = f"soak-{uuid.uuid4().hex[:10]}"
+        kafka.create_topic(topic, partitions=2)
+        opts = {
+            "bootstrap_servers": kafka.bootstrap,
+            "topic": topic,
+            "staging_path": str(tmp / "staging"),
+            "timeout_seconds": 20,
+        }
+        return Job(tmp, mode, metastore, sink_options=opts, sink="kafka")
+    return Job(tmp, mode, metastore, sink=sink)
+
+
 def one_run(
-    tmp: Path, sink: str, mode: str, metastore: str, rng: random.Random, args: argparse.Namespace
+    tmp: Path,
+    sink: str,
+    mode: str,
+    metastore: str,
+    rng: random.Random,
+    args: argparse.Namespace,
+    kafka: Any = None,
 ) -> tuple[int, int, list[int], list[int], list[str], bool, str]:
     """One job killed up to N times then finished.
 
@@ -91,7 +136,7 @@ def one_run(
     protocol* when the sink's meta store rows had changed in that run when it landed (the
     others hit Spark's or Python's start-up, which proves less).
     """
-    job = Job(tmp, mode, metastore, sink=sink)
+    job = make_job(tmp, sink, mode, metastore, args, kafka)
     expected = make_input(job.input, files=args.files, rows=args.rows)
     kills = in_protocol = 0
     for _ in range(args.max_kills_per_run):
@@ -117,7 +162,9 @@ def one_run(
     return kills, in_protocol, expected, sorted(got), leftovers, True, ""
 
 
-def soak(sink: str, metastore_url: str | None, args: argparse.Namespace) -> Tally:
+def soak(
+    sink: str, metastore_url: str | None, args: argparse.Namespace, kafka: Any = None
+) -> Tally:
     tally = Tally(sink)
     rng = random.Random(f"{args.seed}-{sink}")
     started = time.monotonic()
@@ -132,7 +179,7 @@ def soak(sink: str, metastore_url: str | None, args: argparse.Namespace) -> Tall
 
             metastore = create_pg_database()
         kills, in_protocol, expected, got, leftovers, ok, log = one_run(
-            tmp, sink, mode, metastore, rng, args
+            tmp, sink, mode, metastore, rng, args, kafka
         )
         tally.runs += 1
         tally.kills += kills
@@ -161,7 +208,7 @@ def soak(sink: str, metastore_url: str | None, args: argparse.Namespace) -> Tall
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__.split("\n")[0])
-    p.add_argument("--sinks", default=",".join(SINKS), help="comma-separated: file,iceberg")
+    p.add_argument("--sinks", default=",".join(SINKS), help="comma-separated: " + ",".join(SINKS))
     p.add_argument("--kills", type=int, default=200, help="kills per sink (default 200)")
     p.add_argument("--duration", type=float, default=0, help="max seconds per sink (0: none)")
     p.add_argument("--metastore", choices=["sqlite", "postgres"], default="sqlite")
@@ -201,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         if build_spark_cds_archive(archive, sys.executable):
             os.environ["EOSINK_TEST_CDS"] = str(archive)
     server = None
+    broker = None
     metastore_url = None
     if args.metastore == "postgres":
         from services import EmbeddedPostgres
@@ -210,11 +258,18 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["EOSINK_TEST_PG"] = server.url
         metastore_url = os.environ["EOSINK_TEST_PG"]
     try:
+        if "kafka" in sinks:
+            from jvm import KafkaBroker
+
+            print("starting a Kafka broker for the kafka sink", flush=True)
+            broker = KafkaBroker(Path(tempfile.mkdtemp(prefix="eosink-soak-kafka-")))
         tallies = []
         for sink in sinks:
             print(f"soak {sink}: {args.kills} kills, meta store {args.metastore}", flush=True)
-            tallies.append(soak(sink, metastore_url, args))
+            tallies.append(soak(sink, metastore_url, args, broker))
     finally:
+        if broker is not None:
+            broker.stop()
         if server is not None:
             server.stop()
     print("summary")

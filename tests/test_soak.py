@@ -48,7 +48,7 @@ def test_soak_command_kills_and_verifies_each_sink() -> None:
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     summary = res.stdout.split("summary\n", 1)[1]
-    for sink in ("file", "iceberg"):
+    for sink in ("file", "rolling", "iceberg", "kafka"):
         m = re.search(
             rf"^{sink} +runs=(\d+) kills=(\d+) in_protocol=(\d+) rows=(\d+) "
             r"lost=0 duplicated=0 leftovers=0 failed=0 time=\d+m\d\ds$",
