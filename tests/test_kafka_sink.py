@@ -13,11 +13,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from harness import status_json
 
 import eosink
 from eosink.faults import SimulatedCrash, simulate
+from eosink.testing import SinkConformance
 from eosink.util import sink_key
 
 
@@ -161,7 +163,6 @@ def test_stream_restarts_and_format_eosink(
     assert len(h.figures) == 3
     assert sorted(_ids(read_topic(kafka.bootstrap, topic))) == sorted(ids)
     # Restarted on the same checkpoint with one more file: only the new rows.
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     extra = list(range(10_000, 10_050))
@@ -524,3 +525,54 @@ def test_topic_option_tombstones_secrets_and_a_changed_broker_list(
     again = eosink.run(df, sink="kafka", epoch=3, **more)
     assert again.skipped and again.sink_id == r.sink_id == f"kafka:{a}"
     assert len(read_topic(kafka.bootstrap, a)) == 40
+
+
+class TestKafkaConformance(SinkConformance):
+    """The plugin contract suite every sink passes (eosink.testing), on a real broker: a new
+    2-partition topic per test, read back ``read_committed`` by an independent consumer;
+    leftovers are the staged chunks no committable references."""
+
+    sink_name = "kafka"
+
+    @pytest.fixture(autouse=True)
+    def _broker(self, kafka: Any) -> None:
+        self.kafka = kafka
+
+    def make_options(self, tmp_path: Path) -> dict[str, Any]:
+        # The sink's marker and transactional ids live on the broker, which every test shares.
+        self.sink_id = f"conformance:{uuid.uuid4().hex[:8]}"
+        self.topic = f"conf-{uuid.uuid4().hex[:8]}"
+        self.kafka.create_topic(self.topic, partitions=2)
+        self.staging = tmp_path / "staging"
+        return {
+            "bootstrap_servers": self.kafka.bootstrap,
+            "topic": self.topic,
+            "staging_path": str(self.staging),
+            "timeout_seconds": 20,
+        }
+
+    def batches(self, start: int, n: int) -> list[pa.RecordBatch]:
+        """Kafka's columns: the id as the key, the row as JSON in the value."""
+        ids = range(start, start + n)
+        return [
+            pa.record_batch(
+                {
+                    "key": pa.array([str(i).encode() for i in ids], pa.binary()),
+                    "value": pa.array(
+                        [json.dumps({"id": i, "name": f"row-{i}"}) for i in ids], pa.string()
+                    ),
+                }
+            )
+        ]
+
+    def read_rows(self, options: Any) -> list[dict[str, Any]]:
+        rows = []
+        for _, key, value, _ in read_topic(self.kafka.bootstrap, self.topic):
+            row = json.loads(value)
+            assert key == str(row["id"]).encode(), (key, row)
+            rows.append(row)
+        return rows
+
+    def leftovers(self, options: Any) -> list[str]:
+        root = self.staging
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())

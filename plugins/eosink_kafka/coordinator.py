@@ -273,10 +273,11 @@ class KafkaCoordinator(
 
     # -- the marker ------------------------------------------------------------------------
     def _last_epoch(self) -> int:
+        from .transactions import marker_top
+
         last = int((self.sink_marker or {}).get("last_epoch", -1))
         for slot in self.slots.values():
-            if slot.marker:
-                last = max(last, int(slot.marker.get("epoch", -1)))
+            last = max(last, marker_top(slot.marker))
         return last
 
     def read_marker(self) -> dict[str, Any] | None:

@@ -66,6 +66,14 @@ _FENCED = {
 }
 
 
+def marker_top(marker: dict[str, Any] | None) -> int:
+    """The newest epoch a slot's marker says the slot published (-1: none); markers written
+    before ``top`` was recorded give their current epoch."""
+    if not marker:
+        return -1
+    return int(marker.get("top", marker.get("epoch", -1)))
+
+
 def covered(marker: dict[str, Any] | None, epoch: int, chunk: int) -> bool:
     """Whether a slot's marker says chunk ``chunk`` of ``epoch`` is published."""
     if not marker:
@@ -422,7 +430,10 @@ class Slot:
         recent = list((self.marker or {}).get("recent", ()))
         if last:
             recent = [*recent[-(RECENT - 1) :], epoch]
-        marker = {"epoch": epoch, "chunk": index, "last": last, "recent": recent}
+        # The newest epoch this slot ever published: a backfill (an older epoch committed
+        # after newer ones) must not lower the sink's last_epoch (read_marker).
+        top = max(marker_top(self.marker), epoch)
+        marker = {"epoch": epoch, "chunk": index, "last": last, "recent": recent, "top": top}
         try:
             p.begin_transaction()
             produce = p.produce
