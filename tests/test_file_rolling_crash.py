@@ -38,6 +38,7 @@ from harness import (
     Job,
     Output,
     epoch_states,
+    expected_epochs,
     make_input,
     payload,
     read_output_rows,
@@ -235,8 +236,8 @@ def check_output(
         root = Path(out.location)
         assert sorted(committed_files(root)) == sorted(str(root / rel) for rel in visible)
     states = epoch_states(job.metastore, job.sink_id)
-    assert states.get("COMMITTED"), states
     assert set(states) == {"COMMITTED"}, states
+    assert sorted(states["COMMITTED"]) == expected_epochs(job), states
     return rows
 
 

@@ -32,7 +32,15 @@ from typing import Any
 
 import pytest
 from conftest import metastore_for
-from harness import GROUPS, Job, epoch_states, make_input, read_topic, run_with_random_kills
+from harness import (
+    GROUPS,
+    Job,
+    epoch_states,
+    expected_epochs,
+    make_input,
+    read_topic,
+    run_with_random_kills,
+)
 
 pytestmark = pytest.mark.crash
 
@@ -138,7 +146,7 @@ def check_topic(
 
     assert job.kafka_staged() == []
     states = epoch_states(job.metastore_url, job.sink_id)
-    assert states.get("COMMITTED"), states
+    assert sorted(states.get("COMMITTED", [])) == expected_epochs(job), states
     assert "PENDING" not in states and "ABORTED" not in states, states
     return [int(json.loads(r.value)["id"]) for r in extra if r.value is not None]
 
