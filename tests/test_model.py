@@ -33,6 +33,11 @@ steps). The long profile runs rounds of 200 examples until the time is up::
 
     EOSINK_MODEL_MINUTES=60 uv run --frozen --all-extras pytest tests/test_model.py -p no:randomly
 
+The meta stores are SQLite files (one per machine the driver runs on); a smaller profile runs
+the same model on PostgreSQL, a database per machine on the suite's server
+(``EOSINK_MODEL_PG_EXAMPLES``, default 10), and ``EOSINK_MODEL_STORE=postgres`` runs the long
+profile on PostgreSQL.
+
 A counterexample is printed as the steps that lead to it (shrunk by Hypothesis); each one
 found becomes a named regression test below.
 """
@@ -180,11 +185,22 @@ class ProtocolModel(RuleBasedStateMachine):
         """A driver crashed since the last recovery: an epoch may be half committed (its
         commit crashed midway), until the next driver's recovery finishes it."""
         self._starting: SinkRuntime | None = None
+        self.pg_urls: dict[Any, str] = {}
 
     # -- the world ---------------------------------------------------------------------------
+    store_kind = "sqlite"
+    """The meta store's database: ``sqlite`` (a file per machine) or ``postgres`` (a database
+    per machine on the suite's server, dropped at teardown)."""
+
     @property
     def url(self) -> str:
         """The meta store of the machine the driver runs on (lost when it moves)."""
+        if self.store_kind == "postgres":
+            from conftest import create_pg_database
+
+            if self.machine not in self.pg_urls:
+                self.pg_urls[self.machine] = create_pg_database()
+            return self.pg_urls[self.machine]
         return f"sqlite:///{self.root}/meta-{self.machine}.db"
 
     def _ids(self, n: int) -> list[int]:
@@ -562,6 +578,11 @@ class ProtocolModel(RuleBasedStateMachine):
         finally:
             self._kill_all()
             shutil.rmtree(self.root, ignore_errors=True)
+            if self.pg_urls:
+                from conftest import drop_pg_database
+
+                for url in self.pg_urls.values():
+                    drop_pg_database(url)
 
     def _finish_everything(self) -> None:
         """What users do after it all: re-run the crashed runs, restart every stream and run it
@@ -608,6 +629,17 @@ def _settings(examples: int, steps: int, *, derandomize: bool = False) -> settin
 
 
 MINUTES = float(os.environ.get("EOSINK_MODEL_MINUTES", "0") or 0)
+STORE = os.environ.get("EOSINK_MODEL_STORE", "sqlite")
+"""The long profile's meta store: ``sqlite`` or ``postgres``."""
+
+
+class PostgresProtocolModel(ProtocolModel):
+    """The same model on PostgreSQL meta stores (a database per machine)."""
+
+    store_kind = "postgres"
+
+
+MODEL = PostgresProtocolModel if STORE == "postgres" else ProtocolModel
 
 
 @pytest.mark.timeout(int(MINUTES * 60) + 900)
@@ -622,9 +654,18 @@ def test_protocol_model() -> None:
     end = time.monotonic() + MINUTES * 60
     rounds = 0
     while time.monotonic() < end:
-        run_state_machine_as_test(ProtocolModel, settings=_settings(200, 40))
+        run_state_machine_as_test(MODEL, settings=_settings(200, 40))
         rounds += 1
     print(f"model checker: {rounds} rounds of 200 examples, no counterexample")
+
+
+def test_protocol_model_on_postgres() -> None:
+    """The smaller PostgreSQL profile: the same derandomized examples' start, on a real
+    server (``EOSINK_MODEL_PG_EXAMPLES``, default 10)."""
+    examples = int(os.environ.get("EOSINK_MODEL_PG_EXAMPLES", "10"))
+    run_state_machine_as_test(
+        PostgresProtocolModel, settings=_settings(examples, 30, derandomize=True)
+    )
 
 
 # -- counterexamples the model checker found, as named regression tests ----------------------
