@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -440,6 +441,20 @@ class KafkaRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: list[tuple[str, bytes]] | None
+
+
+def kafka_sink_options(kafka: Any, tmp: Path, prefix: str, **more: Any) -> dict[str, Any]:
+    """Options of a kafka sink writing to a new 2-partition topic ``<prefix>-<random>`` of
+    ``kafka`` (the test broker), staging under ``tmp/staging``; ``more`` merged over them."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    kafka.create_topic(topic, partitions=2)
+    return {
+        "bootstrap_servers": kafka.bootstrap,
+        "topic": topic,
+        "staging_path": str(tmp / "staging"),
+        "timeout_seconds": 20,
+        **more,
+    }
 
 
 def read_topic(

@@ -36,7 +36,6 @@ import shutil
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ sys.path.insert(0, str(TESTS))
 from harness import (  # noqa: E402
     Job,
     epoch_states,
+    kafka_sink_options,
     make_input,
     read_ids,
     read_topic,
@@ -109,14 +109,7 @@ def make_job(
     if sink == "rolling":
         return Job(tmp, mode, metastore, sink_options={"max_row_count": 2 * args.rows})
     if sink == "kafka":
-        topic = f"soak-{uuid.uuid4().hex[:10]}"
-        kafka.create_topic(topic, partitions=2)
-        opts = {
-            "bootstrap_servers": kafka.bootstrap,
-            "topic": topic,
-            "staging_path": str(tmp / "staging"),
-            "timeout_seconds": 20,
-        }
+        opts = kafka_sink_options(kafka, tmp, "soak")
         return Job(tmp, mode, metastore, sink_options=opts, sink="kafka")
     return Job(tmp, mode, metastore, sink=sink)
 

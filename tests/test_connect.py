@@ -22,14 +22,13 @@ from __future__ import annotations
 import os
 import random
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from connect import Client, ConnectJob, ConnectServer, run_client
-from harness import epoch_states, make_input, read_ids
+from harness import epoch_states, kafka_sink_options, make_input, read_ids
 
 SINKS = ["file", "iceberg", "kafka"]
 ROWS = 40  # rows per input file (one micro-batch each)
@@ -65,15 +64,7 @@ def make_job(
     tmp.mkdir(parents=True, exist_ok=True)
     opts: dict[str, Any] = dict(kw.pop("sink_options", {}))
     if sink == "kafka":
-        topic = f"connect-{uuid.uuid4().hex[:10]}"
-        kafka.create_topic(topic, partitions=2)
-        opts = {
-            "bootstrap_servers": kafka.bootstrap,
-            "topic": topic,
-            "staging_path": str(tmp / "staging"),
-            "timeout_seconds": 20,
-            **opts,
-        }
+        opts = kafka_sink_options(kafka, tmp, "connect", **opts)
     extra = {"sink": sink, **kw}
     if sink == "file":
         extra.setdefault("partition_by", "grp")

@@ -26,7 +26,6 @@ import signal
 import subprocess
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from harness import (
     Job,
     epoch_states,
     expected_epochs,
+    kafka_sink_options,
     make_input,
     read_topic,
     run_with_random_kills,
@@ -90,17 +90,10 @@ def _cases(matrix: list[list[str]]) -> list[Any]:
 def kafka_job(kafka: Any, tmp: Path, mode: str, metastore: str, **extra: Any) -> tuple[Job, str]:
     """A crash job of the kafka sink writing to a new 2-partition topic; returns it and the
     topic. ``extra``: more crashjob options; ``sink_options`` are merged over the job's."""
-    topic = f"crash-{uuid.uuid4().hex[:10]}"
-    kafka.create_topic(topic, partitions=2)
-    opts = {
-        "bootstrap_servers": kafka.bootstrap,
-        "topic": topic,
-        "staging_path": str(tmp / "staging"),
-        "chunk_bytes": 1024,
-        "timeout_seconds": 20,
-        **extra.pop("sink_options", {}),
-    }
-    return Job(tmp, mode, metastore, sink_options=opts, sink="kafka", **extra), topic
+    opts = kafka_sink_options(
+        kafka, tmp, "crash", **{"chunk_bytes": 1024, **extra.pop("sink_options", {})}
+    )
+    return Job(tmp, mode, metastore, sink_options=opts, sink="kafka", **extra), opts["topic"]
 
 
 def check_topic(
