@@ -55,6 +55,7 @@ from ._common import (
     Data,
     Row,
     failed_row,
+    failure,
     load_note,
     make_data,
     med,
@@ -241,7 +242,7 @@ def rolling_and_s3(
             rows += got
             log(f"  [{part}] {time.perf_counter() - t0:.0f} s")
         except Exception as exc:
-            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            why = failure(exc)
             log(f"  FAILED: {why}")
             rows += [
                 Row(m, f"failed: {why}", "-", "n/a", f">= {t:g}", "**not measured**", part)
@@ -260,7 +261,7 @@ def kafka_part(tmp: Path, quick: bool) -> tuple[list[Row], list[str], dict[str, 
     try:
         got = _kafka.kafka_rows(quick, tmp, log)
     except Exception as exc:
-        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+        why = failure(exc)
         log(f"  FAILED: {why}")
         row = failed_row(_kafka.RATIO, _kafka.TARGET, why)
         row.section = "kafka"
@@ -638,7 +639,7 @@ def main() -> int:
                             rows += fn()
                             log(f"  [{part}] {time.perf_counter() - t0:.0f} s")
                         except Exception as exc:
-                            why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                            why = failure(exc)
                             log(f"  FAILED: {why}")
                             rows += [failed_row(m, t, why) for m, t in PART_ROWS[part]]
                 rows += rolling_and_s3(spark, data, size, tmp, b.ms, parts, tables)

@@ -259,6 +259,13 @@ def throughput_row(
     )
 
 
+def failure(exc: BaseException, limit: int = 300) -> str:
+    """``exc`` in one line for a result table: its type and the first line of its message
+    (cut at ``limit``; an exception without a message gives its type alone)."""
+    lines = str(exc).splitlines()
+    return f"{type(exc).__name__}: {lines[0][:limit] if lines else ''}"
+
+
 def failed_row(measure: str, target: float | None, why: str) -> Row:
     return Row(
         measure,

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ._common import LOAD, Row, failed_row, load_note, pct, sample_load
+from ._common import LOAD, Row, failed_row, failure, load_note, pct, sample_load
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Kafka"
@@ -441,7 +441,7 @@ def driver_main(bootstrap: str, tmp: Path, quick: bool, conf: dict[str, str], ou
                     run = d.throughput(leg, src, size.per_trigger)
                     runs[leg].append(asdict(run))
             except Exception as exc:
-                res["errors"][leg] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                res["errors"][leg] = failure(exc)
                 say(f"    {tag} {leg}: FAILED {res['errors'][leg]}")
                 continue
             say(

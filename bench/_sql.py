@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ._common import Data, Row, failed_row, interleave, throughput_row
+from ._common import Data, Row, failed_row, failure, interleave, throughput_row
 
 ROOT = Path(__file__).resolve().parents[1]
 JDBC = "org.postgresql:postgresql:42.7.14"
@@ -87,7 +87,7 @@ def sql_rows(
         jars = fetch([JDBC])
         server, url, jdbc = _tcp_postgres(tmp, log)
     except Exception as exc:
-        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        why = failure(exc)
         return [failed_row(m, t, why) for m, t in MEASURES.values()]
     out = tmp / "sql-result.json"
     try:

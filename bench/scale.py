@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._common import med, pct
+from ._common import failure, med, pct
 from ._protocol import protocol_cost
 
 
@@ -162,13 +162,13 @@ def _sink_worker(
                     e += 1
                     failed_in_a_row = 0
                 except Exception as exc:  # counted; the same epoch again at the next tick
-                    errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                    errors.append(failure(exc, 200))
                     failed_in_a_row += 1
                     if failed_in_a_row >= 3:
                         errors.append("gave up after 3 failed epochs in a row")
                         break
     except Exception as exc:
-        errors.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+        errors.append(failure(exc, 200))
         try:
             ready.abort()
         except Exception:
