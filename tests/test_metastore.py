@@ -203,3 +203,74 @@ def test_a_read_only_store_is_a_permanent_error_at_once(tmp_path: Path) -> None:
     assert "the database is read-only" in str(exc.value)
     assert "give eosink a meta store it may write (metastore_url=)" in str(exc.value)
     store.close()
+
+
+_OPENER = """
+import sys
+from eosink._metastore import MetaStore
+print("ready", flush=True)
+sys.stdin.readline()  # the barrier: every process is imported and waiting
+store = MetaStore(sys.argv[1])
+store.acquire(sys.argv[2], "file", None)
+store.close()
+print("opened", flush=True)
+"""
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+@pytest.mark.parametrize("how", ["processes", "threads"])
+def test_drivers_opening_a_new_store_at_once_all_start(
+    store: str, how: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Six drivers that open one new, empty meta store at the same instant all start: one
+    creates the schema, the others wait for it (before, all but one failed with "table
+    alembic_version already exists"; six threads of one process broke Alembic's global
+    context)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    url = (
+        f"sqlite:///{tmp_path / 'new.db'}"
+        if store == "sqlite"
+        else str(request.getfixturevalue("fresh_pg_url"))
+    )
+    n = 6
+    if how == "processes":
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPENER, url, f"sink-{i}"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(n)
+        ]
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = [p.communicate(timeout=120) for p in procs]
+        failed = [
+            err
+            for (out, err), p in zip(results, procs, strict=True)
+            if p.returncode or "opened" not in out
+        ]
+        assert not failed, failed[0][-3000:]
+    else:
+        barrier = threading.Barrier(n)
+
+        def open_one(i: int) -> str:
+            barrier.wait()
+            s = MetaStore(url)
+            s.acquire(f"sink-{i}", "file", None)
+            s.close()
+            return f"sink-{i}"
+
+        with ThreadPoolExecutor(n) as pool:
+            assert sorted(pool.map(open_one, range(n))) == [f"sink-{i}" for i in range(n)]
+    final = MetaStore(url, create=False)
+    assert sorted(r.sink_id for r in final.sinks()) == [f"sink-{i}" for i in range(n)]
+    final.close()

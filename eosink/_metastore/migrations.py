@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, inspect
+from sqlalchemy import Connection, inspect, text
 
 from alembic import command
 
@@ -51,11 +52,42 @@ def current_revision(conn: Connection) -> str | None:
     return MigrationContext.configure(conn).get_current_revision()
 
 
+# Alembic's `context` is one proxy per process: two upgrades in two threads would mix their
+# connections (seen as KeyError: 'script' and SQLite connections used across threads).
+_ALEMBIC = threading.Lock()
+# The key of the PostgreSQL advisory lock every eosink takes before it changes a schema.
+_PG_SCHEMA_LOCK = int.from_bytes(b"eosink.schema", "big") % (2**63)
+_LOCK_WAIT_S = 60
+
+
+def lock_schema(conn: Connection) -> None:
+    """Hold, until ``conn``'s transaction ends, the lock every eosink takes to change the schema.
+
+    Drivers that open one new meta store at the same instant would otherwise all create its
+    tables, and all but one fail. PostgreSQL: a transaction-scoped advisory lock; SQLite:
+    ``BEGIN IMMEDIATE`` (the database's write lock). Either waits at most 60 s. Other
+    databases: no lock. Taking it again in the same transaction is a no-op.
+    """
+    backend = conn.dialect.name
+    if backend == "postgresql":
+        conn.execute(text(f"SET LOCAL lock_timeout = '{_LOCK_WAIT_S}s'"))
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_SCHEMA_LOCK})
+    elif backend == "sqlite":
+        dbapi = conn.connection.dbapi_connection
+        if dbapi is not None and not getattr(dbapi, "in_transaction", True):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")  # waits up to the busy timeout
+
+
 def upgrade(conn: Connection, revision: str = "head") -> None:
-    """Upgrade the schema of the database behind ``conn`` (SQLite-safe batch mode)."""
+    """Upgrade the schema of the database behind ``conn`` (SQLite-safe batch mode).
+
+    Takes :func:`lock_schema` first; the caller commits ``conn``.
+    """
+    lock_schema(conn)
     cfg = _config()
     cfg.attributes["connection"] = conn
-    command.upgrade(cfg, revision)
+    with _ALEMBIC:
+        command.upgrade(cfg, revision)
 
 
 def ensure_schema(conn: Connection, *, create: bool) -> None:
@@ -68,6 +100,12 @@ def ensure_schema(conn: Connection, *, create: bool) -> None:
     cur = current_revision(conn)
     if cur == head:
         return
+    if cur is None and create:
+        # Another driver may be creating this new store right now: wait for it, look again.
+        lock_schema(conn)
+        cur = current_revision(conn)
+        if cur == head:
+            return
     if cur is None and not inspect(conn).has_table("pending_sink_state") and create:
         log.info("creating eosink meta store schema (revision %s)", head)
         upgrade(conn)
