@@ -18,6 +18,12 @@
   SQLite meta store and a local checkpoint, Spark's write left out (the DataFrame is
   empty and its commit log written as Spark would). The process's RSS and Python's traced
   allocations every 1,000 micro-batches. Target: no growth.
+* **iceberg**: a stream of ``--iceberg-batches`` micro-batches (default 1,000, 1,000 rows
+  each) into one Iceberg table (pyiceberg SQL catalog on SQLite, local warehouse), eosink's
+  iceberg sink against the naive ``foreachBatch(lambda df, _: table.append(df.toArrow()))``,
+  one after the other: the time between two micro-batch ends, and eosink's commit time, over
+  the first and the last tenth of the stream. Every micro-batch adds a snapshot, and the
+  table's metadata grows with them. Target: flat cost (last / first tenth near 1).
 
 Prints one table; record the figures in docs/benchmarks.md.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import shutil
 import sys
@@ -377,11 +384,116 @@ def memory_part(tmp: Path, batches: int, every: int) -> list[str]:
     return lines
 
 
+def _iceberg_stream(tmp: Path, n: int, who: str) -> tuple[list[float], list[float], int]:
+    """Stream ``n`` one-file micro-batches into a new table; return the seconds between
+    micro-batch ends, eosink's commit ms per epoch (empty for the naive peer) and the size
+    of the table's newest metadata file."""
+    import pyarrow.parquet as pq
+
+    import eosink
+
+    inp = tmp / "iceberg-in"
+    if not inp.exists():
+        import pyarrow as pa
+
+        inp.mkdir()
+        for i in range(n):
+            pq.write_table(
+                pa.table(
+                    {
+                        "id": pa.array(range(i * 1000, (i + 1) * 1000), pa.int64()),
+                        "s": pa.array([f"v{j % 7}" for j in range(1000)]),
+                    }
+                ),
+                inp / f"f{i:06d}.parquet",
+            )
+    out = tmp / f"iceberg-{who}"
+    spark = eosink.spark_session("local[2]", app_name="eosink-scale")
+    spark.sparkContext.setLogLevel("ERROR")
+    schema = spark.read.parquet(str(inp)).schema
+    stream = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(inp))
+    ends: list[float] = []
+    commits: list[float] = []
+    from pyiceberg.catalog import load_catalog
+
+    wh = out / "wh"
+    wh.mkdir(parents=True)
+    cat = load_catalog(
+        "b", type="sql", uri=f"sqlite:///{wh / 'catalog.db'}", warehouse=f"file://{wh}"
+    )
+    if who == "eosink":
+        h = eosink.run(
+            stream,
+            sink="iceberg",
+            sink_id="scale-iceberg",
+            table="b.t",
+            warehouse=str(wh),
+            catalog_name="b",
+            checkpoint_location=str(out / "chk"),
+            trigger={"availableNow": True},
+            metastore_url=f"sqlite:///{out / 'metastore.db'}",
+        )
+        h.await_termination()
+        figs = sorted(h.figures, key=lambda f: f.epoch)
+        ends = [f.committed_at for f in figs]
+        commits = [f.commit_ms for f in figs]
+    else:
+        cat.create_namespace_if_not_exists("b")
+        table = cat.create_table(
+            "b.t", schema=spark.read.parquet(str(inp)).limit(0).toArrow().schema
+        )
+
+        def append(df: Any, _: int) -> None:
+            table.append(df.toArrow())
+            ends.append(time.time())
+
+        q = (
+            stream.writeStream.foreachBatch(append)
+            .option("checkpointLocation", str(out / "chk"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+    table = cat.load_table("b.t")
+    assert table.scan().count() == n * 1000, f"{who}: rows missing"
+    meta = Path(table.metadata_location.removeprefix("file://")).stat().st_size
+    gaps = [b - a for a, b in itertools.pairwise(ends)]
+    return gaps, commits, meta
+
+
+def iceberg_part(tmp: Path, n: int) -> list[str]:
+    import eosink
+
+    eosink.spark_session("local[2]", app_name="eosink-scale")
+    tenth = max(1, n // 10)
+    rows = []
+    for who in ("eosink", "naive"):
+        t0 = time.perf_counter()
+        gaps, commits, meta = _iceberg_stream(tmp, n, who)
+        took = time.perf_counter() - t0
+        first, last = gaps[:tenth], gaps[-tenth:]
+        cell = "-"
+        if commits:
+            cf, cl = med(commits[:tenth]), med(commits[-tenth:])
+            cell = f"{cf:.1f} / {cl:.1f} ({cl / cf:.2f})"
+        rows.append(
+            f"| {who} | {n:,} | {took:.0f} | {med(first) * 1000:.0f} / {med(last) * 1000:.0f} "
+            f"| {med(last) / med(first):.2f} | {cell} | {meta / 1e6:.2f} |"
+        )
+        print(rows[-1], flush=True)
+    return [
+        "| writer | micro-batches | s | ms per micro-batch, p50 first / last tenth | "
+        "last / first | eosink commit ms p50, first / last tenth (ratio) | metadata file MB |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
     ap.add_argument(
         "--only",
-        choices=["tasks", "epochs", "sinks", "memory"],
+        choices=["tasks", "epochs", "sinks", "memory", "iceberg"],
         action="append",
         help="a part to run (repeatable; default all)",
     )
@@ -393,10 +505,11 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=4.0, help="s between a sink's epochs")
     ap.add_argument("--pg", help="a PostgreSQL admin URL (default: an embedded server)")
     ap.add_argument("--batches", type=int, default=10_000, help="micro-batches, memory part")
+    ap.add_argument("--iceberg-batches", type=int, default=1000, help="micro-batches, iceberg part")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="eosink-scale-"))
     try:
-        parts = a.only or ["tasks", "epochs", "sinks", "memory"]
+        parts = a.only or ["tasks", "epochs", "sinks", "memory", "iceberg"]
         if "tasks" in parts:
             print("## One epoch written by many tasks (file sink, Python writers)\n", flush=True)
             lines = tasks_part(tmp, [int(x) for x in a.tasks.split(",")], a.reps)
@@ -414,6 +527,10 @@ def main() -> int:
             print(f"## The driver's memory over {a.batches:,} micro-batches\n", flush=True)
             lines = memory_part(tmp, a.batches, max(1, a.batches // 10))
             print("\n" + "\n".join(lines) + "\n", flush=True)
+        if "iceberg" in parts:
+            n = a.iceberg_batches
+            print(f"## {n:,} micro-batches into one Iceberg table\n", flush=True)
+            print("\n" + "\n".join(iceberg_part(tmp, n)) + "\n", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -147,3 +147,35 @@ def test_location_filesystem_lists_the_table(table: Any) -> None:
     assert scheme == "file"
     infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
     assert [i.base_name for i in infos if i.base_name.endswith(".parquet")]
+
+
+def test_transaction_computes_the_metadata_once_per_staged_state(table: Any) -> None:
+    """The caching transaction commits what pyiceberg's own would, sees each staged update,
+    and deep-copies the table's metadata once per state instead of once per read."""
+    from unittest import mock
+
+    from pyiceberg.table import update as updmod
+
+    for i in range(3):
+        table.append(_data(2 + i))
+    real = updmod.update_table_metadata
+    with mock.patch.object(updmod, "update_table_metadata", side_effect=real) as spy:
+        tx = _compat.transaction(table)
+        first = tx.table_metadata
+        assert tx.table_metadata is first and spy.call_count == 1  # no change: no recompute
+        tx.set_properties({"eosink.test": "1"})
+        assert tx.table_metadata.properties["eosink.test"] == "1"
+        data_files = list(
+            _compat.arrow_to_data_files(tx.table_metadata, _data(4), table.io, uuid.uuid4())
+        )
+        calls_before = spy.call_count
+        with tx.update_snapshot(snapshot_properties={"eosink.epoch": "7"}).fast_append() as app:
+            for df in data_files:
+                app.append_data_file(df)
+        # pyiceberg's append reads tx.table_metadata ~14 times; each read was a deep copy
+        assert spy.call_count - calls_before <= 3
+        tx.commit_transaction()
+    table = table.refresh()
+    assert table.properties["eosink.test"] == "1"
+    assert table.current_snapshot().summary.additional_properties["eosink.epoch"] == "7"
+    assert table.scan().to_arrow().num_rows == 2 + 3 + 4 + 4

@@ -51,7 +51,7 @@ from eosink import (
 )
 
 from . import _compat
-from .datafiles import data_file_from_json, epoch_of_file, norm, sink_key
+from .datafiles import data_file_from_json, epoch_of_file, native_write_dir, norm, sink_key
 from .options import IcebergSinkOptions, load_catalog, redact, require_pyiceberg
 from .transforms import (
     PartitionTerm,
@@ -441,7 +441,7 @@ class IcebergCoordinator(
             if table.properties.get(self.marker_prop) == raw:
                 break
             try:
-                with table.transaction() as tx:
+                with _compat.transaction(table) as tx:
                     tx.set_properties({self.marker_prop: raw})
                 break
             except CommitFailedException:
@@ -670,7 +670,7 @@ class IcebergCoordinator(
         if self._pending_marker is not None:
             props[self.marker_prop] = self._pending_marker
         try:
-            with table.transaction() as tx:
+            with _compat.transaction(table) as tx:
                 if evolve:
                     self._apply_evolution(tx, evolve, epoch)
                 summary = {"eosink.sink-id": self.sink_id, "eosink.epoch": str(epoch)}
@@ -775,11 +775,23 @@ class IcebergCoordinator(
 
     def _sweep_epoch(self, table: Any, epoch: int, committable: dict[str, Any]) -> None:
         """After ``epoch`` is committed: delete its data files that the committable does not
-        name (a dead executor's, a failed or speculative task attempt's). Never raises."""
+        name (a dead executor's, a failed or speculative task attempt's). Never raises.
+
+        ``table`` is current: loaded just before, or updated in place by the commit. An
+        epoch that Spark's writer staged lists only its own write directories (Spark's
+        committer already removed its failed attempts' files), so the cost does not grow
+        with the table; another write directory of the epoch (a crashed driver's attempt)
+        is left to the next start's :meth:`staged_epochs`. Python writers' files sit in the
+        table's partition directories: those epochs list the table's data location.
+        """
         try:
-            keep = {norm(f["file_path"]) for f in committable.get("files", [])}
-            table = table.refresh()
-            extra = [p for p, e in self._data_files(table) if e == epoch and norm(p) not in keep]
+            files = [f["file_path"] for f in committable.get("files", [])]
+            keep = {norm(p) for p in files}
+            dirs = {native_write_dir(p) for p in files}
+            roots = None if None in dirs or not dirs else sorted(d for d in dirs if d)
+            extra = [
+                p for p, e in self._data_files(table, roots) if e == epoch and norm(p) not in keep
+            ]
             if extra:
                 n = self._delete_unreferenced(table, extra)
                 if n:
@@ -827,32 +839,35 @@ class IcebergCoordinator(
             if not any(i.type == pafs.FileType.File for i in inside):
                 filesystem.delete_dir(d.path)
 
-    def _data_files(self, table: Any | None = None) -> list[tuple[str, int]]:
-        """(path, epoch) of every data file this sink wrote under the table's data location."""
+    def _data_files(
+        self, table: Any | None = None, roots: list[str] | None = None
+    ) -> list[tuple[str, int]]:
+        """(path, epoch) of every data file this sink wrote under the table's data location
+        (``roots``: only below these locations)."""
         table = table if table is not None else self._table()
         if table is None:
             return []
         from pyarrow import fs as pafs
 
-        loc = table.location().rstrip("/") + "/data"
-        try:
-            # pyiceberg's own filesystem for the location: endpoint and credentials applied.
-            filesystem, root, scheme_name = _compat.location_filesystem(
-                self.opts.catalog_properties(), loc
-            )
-            infos = filesystem.get_file_info(
-                pafs.FileSelector(root, recursive=True, allow_not_found=True)
-            )
-        except Exception:
-            log.warning("iceberg: cannot list %s", loc, exc_info=True)
-            return []
-        scheme = "" if scheme_name == "file" else f"{scheme_name}://"
         out = []
-        for info in infos:
-            if info.type == pafs.FileType.File:
-                e = epoch_of_file(info.path, self.sink_id)
-                if e is not None:
-                    out.append((f"{scheme}{info.path}" if scheme else info.path, e))
+        for loc in roots if roots is not None else [table.location().rstrip("/") + "/data"]:
+            try:
+                # pyiceberg's own filesystem for the location: endpoint and credentials applied.
+                filesystem, root, scheme_name = _compat.location_filesystem(
+                    self.opts.catalog_properties(), loc
+                )
+                infos = filesystem.get_file_info(
+                    pafs.FileSelector(root, recursive=True, allow_not_found=True)
+                )
+            except Exception:
+                log.warning("iceberg: cannot list %s", loc, exc_info=True)
+                continue
+            scheme = "" if scheme_name == "file" else f"{scheme_name}://"
+            for info in infos:
+                if info.type == pafs.FileType.File:
+                    e = epoch_of_file(info.path, self.sink_id)
+                    if e is not None:
+                        out.append((f"{scheme}{info.path}" if scheme else info.path, e))
         return out
 
     def staged_epochs(self) -> Iterable[int]:

@@ -28,6 +28,7 @@ __all__ = [
     "data_file_to_json",
     "epoch_of_file",
     "native_dir_name",
+    "native_write_dir",
     "norm",
     "sink_key",
     "write_uuid",
@@ -69,6 +70,13 @@ def epoch_of_file(path: str, sink_id: str) -> int | None:
     if d is not None and int(d.group(1), 16) == key:
         return int(d.group(2))
     return None
+
+
+def native_write_dir(path: str) -> str | None:
+    """The native write directory ``path`` lies in (``.../data/eosink-<key>-e<epoch>-<attempt>``,
+    as spelt in ``path``), else None (a Python writer's file)."""
+    d = _NATIVE_DIR.search(path)
+    return path[: d.end() - 1] if d is not None else None
 
 
 def norm(path: str) -> str:
