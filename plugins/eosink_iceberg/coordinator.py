@@ -31,6 +31,7 @@ import datetime as _dt
 import json
 import logging
 import re
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -50,7 +51,7 @@ from eosink import (
     fault_point,
 )
 
-from . import _compat
+from . import _compat, cdc
 from .datafiles import data_file_from_json, epoch_of_file, native_write_dir, norm, sink_key
 from .options import IcebergSinkOptions, load_catalog, redact, require_pyiceberg
 from .transforms import (
@@ -96,6 +97,9 @@ def validate_schema(opts: IcebergSinkOptions, schema: pa.Schema) -> None:
             )
     schema = utc_timestamps(schema)
     table = _existing_table(opts)
+    if opts.mode == "upsert":
+        cdc.check_columns(opts, schema, table)
+        schema = cdc.table_columns(opts, schema)
     if table is None:
         if not opts.create_table:
             raise ConfigError(_missing_table_message(opts))
@@ -313,6 +317,9 @@ def _optional_tree(field: pa.Field) -> pa.Field:
     return field.with_type(t).with_nullable(True)
 
 
+# A commit that conflicts with another writer's is redone on the new snapshot this often.
+_CONFLICT_ATTEMPTS = 20
+
 # -- committed epochs as ranges: "0-11,14,20-25" ----------------------------------------
 _MAX_RANGES = 1000
 
@@ -458,6 +465,8 @@ class IcebergCoordinator(
     # -- driver, before the writers ------------------------------------------------------
     def writer_setup(self, schema: pa.Schema) -> Any:
         schema = utc_timestamps(schema)  # a session time zone other than UTC: same instants
+        if self.opts.mode == "upsert":
+            schema = cdc.table_columns(self.opts, schema)  # the op_column is not written
         table = self._table()
         created = False
         if table is None:
@@ -491,6 +500,17 @@ class IcebergCoordinator(
 
         if self.opts.writer == "python":
             return "the sink's option writer='python'"
+        if self.opts.mode == "upsert":  # changes are staged as plain Parquet files
+            from .native import _location_problem
+
+            where = self._metadata.location if self._metadata is not None else None
+            why = _location_problem(where) if where else None
+            if why is not None and self.opts.writer == "spark":
+                raise ConfigError(
+                    f"Iceberg table {self.opts.table!r}: writer='spark', but Spark cannot "
+                    f"stage this epoch's changes: {why}. Use writer='auto' or 'python'."
+                )
+            return why
         metadata = self._metadata
         if metadata is None:  # writer_setup always runs first; be safe anyway
             table = self._table()
@@ -511,9 +531,24 @@ class IcebergCoordinator(
         self, df: DataFrame, epoch: int, attempt: str, setup: Any
     ) -> list[dict[str, Any]]:
         """Stage the epoch with Spark's Parquet writer (see ``native.py``)."""
+        if self.opts.mode == "upsert":
+            return [cdc.stage_with_spark(df, epoch, attempt, setup, self.sink_id)]
         from .native import write_epoch
 
         return [write_epoch(df, epoch, attempt, setup, self.opts, self.sink_id)]
+
+    def check_spark_write(self, epoch: int, results: Sequence[dict[str, Any]], rows: int) -> None:
+        """Upserts: the staged change files hold every row Spark wrote (their footers)."""
+        if self.opts.mode != "upsert":
+            return
+        staged = sum(int(c["rows"]) for r in results for c in r.get("changes", []))
+        if staged != rows:
+            raise SinkError(
+                f"iceberg sink epoch {epoch}: Spark wrote {rows} change row(s) but the staged "
+                f"files hold {staged}: the table's location is not the same for every node "
+                "of the cluster (a local path that is not a shared mount?). Nothing was "
+                "committed."
+            )
 
     def _create(self, schema: pa.Schema) -> tuple[Any, bool]:
         """Create the table with its partition spec in one metadata commit.
@@ -614,12 +649,54 @@ class IcebergCoordinator(
     def pre_commit(
         self, epoch: int, results: Sequence[dict[str, Any]]
     ) -> eosink.Prepared[dict[str, Any]]:
-        files = [f for r in results for f in r["files"]]
         evolve = next((r["evolve"] for r in results if r.get("evolve")), None)
+        if self.opts.mode == "upsert":
+            return self._pre_commit_changes(epoch, results, evolve)
+        files = [f for r in results for f in r["files"]]
         return eosink.Prepared(
             {"files": files, "table": self.opts.table, "evolve": evolve},
             files=len(files),
             bytes=sum(int(f["file_size_in_bytes"]) for f in files),
+        )
+
+    def _pre_commit_changes(
+        self, epoch: int, results: Sequence[dict[str, Any]], evolve: Any
+    ) -> eosink.Prepared[dict[str, Any]]:
+        """Phase 1 of an upsert epoch: the checks of :func:`cdc.check_changes`, and no
+        newer epoch of the sink committed (its changes would be overwritten by older ones)."""
+        changes = [c for r in results for c in r.get("changes", [])]
+        table = self._table()
+        if table is not None:
+            last = self._last_epoch(table)
+            if epoch < last:
+                raise ConfigError(
+                    f"iceberg sink {self.sink_id}: epoch {epoch} holds upserts, but epoch "
+                    f"{last} is already committed to {self.opts.table!r}: applying older "
+                    "changes after newer ones would overwrite them. Upsert epochs commit in "
+                    "order; run this backfill under a new epoch (above "
+                    f"{last}) or leave epoch= unset. Nothing was committed."
+                )
+        required = []
+        if self._metadata is not None:
+            required = [f.name for f in self._metadata.schema().fields if f.required]
+        io = self.opts.catalog_properties()
+        if table is not None:
+            io = {**io, **table.io.properties}
+        cdc.check_changes(self.opts, epoch, changes, io, required)
+        return eosink.Prepared(
+            {
+                "mode": "upsert",
+                "changes": changes,
+                "files": [],
+                "keys": list(self.opts.keys),
+                "order_by": self.opts.order_by,
+                "op_column": self.opts.op_column,
+                "delete_ops": list(self.opts.delete_ops),
+                "table": self.opts.table,
+                "evolve": evolve,
+            },
+            files=len(changes),
+            bytes=sum(int(c.get("size", 0)) for c in changes),
         )
 
     def _last_epoch(self, table: Any) -> int:
@@ -654,9 +731,15 @@ class IcebergCoordinator(
             raise SinkError(f"Iceberg table {self.opts.table!r} disappeared")
         if self._committed(table, epoch):
             log.info("iceberg: epoch %d of %s already committed", epoch, self.sink_id)
-            self._sweep_epoch(table, epoch, committable)
+            if committable.get("mode") == "upsert":
+                self._sweep_changes(table, epoch, keep=None)
+            else:
+                self._sweep_epoch(table, epoch, committable)
             return
         evolve = committable.get("evolve")
+        if committable.get("mode") == "upsert":
+            self._commit_changes(table, epoch, committable)
+            return
         if not committable["files"] and not evolve:
             self._sweep_epoch(table, epoch, committable)
             return
@@ -689,6 +772,150 @@ class IcebergCoordinator(
         self._sweep_epoch(table, epoch, committable)
         if self.opts.expire_snapshots_keep:
             self._expire(self.opts.expire_snapshots_keep)
+
+    def _commit_changes(self, table: Any, epoch: int, committable: dict[str, Any]) -> None:
+        """Phase 2 of an upsert epoch (see ``cdc.py``): one table commit that rewrites the
+        data files holding the epoch's keys without them and adds the upserted rows; redone
+        on the new snapshot when another writer committed meanwhile."""
+        from pyiceberg.exceptions import (
+            CommitFailedException,
+            CommitStateUnknownException,
+            ValidationException,
+        )
+
+        # The committable says how the epoch is applied, whatever this run's options.
+        spec = self.opts.model_copy(
+            update={
+                "mode": "upsert",
+                "keys": tuple(committable["keys"]),
+                "order_by": committable.get("order_by"),
+                "op_column": committable.get("op_column"),
+                "delete_ops": tuple(committable.get("delete_ops") or ("d",)),
+            }
+        )
+        io_props = {**self.opts.catalog_properties(), **table.io.properties}
+        t0 = time.perf_counter()
+        changes = cdc.read_changes(spec, committable["changes"], io_props)
+        evolve = committable.get("evolve")
+        if changes.keys.num_rows == 0 and not evolve:
+            self._sweep_changes(table, epoch, keep=set())
+            return
+        summary = {"eosink.sink-id": self.sink_id, "eosink.epoch": str(epoch)}
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            written: list[Any] = []
+            removed = 0
+            try:
+                tx = _compat.transaction(table)
+                if evolve:
+                    self._apply_evolution(tx, evolve, epoch)
+                metadata = tx.table_metadata
+                gone, kept, removed = cdc.rewrite_plan(table, metadata, changes.keys, table.io)
+                where = cdc.new_files_dir(table.location(), self.sink_id, epoch)
+                if kept is not None:
+                    written += cdc.write_data(metadata, kept, table.io, self.sink_id, epoch, where)
+                written += cdc.write_data(
+                    metadata, changes.upserts, table.io, self.sink_id, epoch, where
+                )
+                fault_point("mid_commit")
+                with tx.update_snapshot(snapshot_properties=summary).overwrite() as ow:
+                    for f in gone:
+                        ow.delete_data_file(f)
+                    for f in written:
+                        ow.append_data_file(f)
+                tx.set_properties(self._epoch_props(table, epoch))
+                tx.commit_transaction()
+            except (CommitFailedException, ValidationException) as exc:
+                # Another writer committed meanwhile, and pyiceberg's own retry could not
+                # rebase this commit (a file it rewrites changed): redo it from the new state.
+                self._delete_unreferenced(None, [f.file_path for f in written], refs=set())
+                table = self._table()
+                if table is None:
+                    raise SinkError(f"Iceberg table {self.opts.table!r} disappeared") from None
+                if self._committed(table, epoch):  # a zombie's commit of the same epoch
+                    self._sweep_changes(table, epoch, keep=None)
+                    return
+                if attempt == _CONFLICT_ATTEMPTS:
+                    raise CommitFailedError(
+                        f"iceberg upsert commit of epoch {epoch} conflicted {attempt} times "
+                        f"with other writers: {exc}"
+                    ) from None
+                log.info(
+                    "iceberg: upsert commit of epoch %d of %s conflicted with another "
+                    "writer (%s); redone on the new snapshot (attempt %d)",
+                    epoch,
+                    self.sink_id,
+                    exc,
+                    attempt + 1,
+                )
+                continue
+            except CommitStateUnknownException as exc:
+                raise CommitStateUnknownError(f"iceberg commit of epoch {epoch}: {exc}") from None
+            break
+        self._pending_marker = None
+        self.commits += 1
+        log.info(
+            "iceberg: epoch %d of %s committed %d upsert(s) and %d delete(s): %d row(s) "
+            "replaced in %d rewritten data file(s), in %.2f s",
+            epoch,
+            self.sink_id,
+            changes.upserts.num_rows,
+            changes.deletes,
+            removed,
+            len(gone),
+            time.perf_counter() - t0,
+        )
+        self._sweep_changes(table, epoch, keep={norm(f.file_path) for f in written})
+        if self.opts.expire_snapshots_keep:
+            self._expire(self.opts.expire_snapshots_keep)
+
+    def _epoch_props(self, table: Any, epoch: int) -> dict[str, str]:
+        """The table properties an epoch's commit sets (newest epoch, committed ranges, a
+        marker waiting for the table)."""
+        props = {
+            self.prop: str(max(self._last_epoch(table), epoch)),
+            self.epochs_prop: _add_to_ranges(
+                _parse_ranges(table.properties.get(self.epochs_prop)), epoch
+            ),
+        }
+        if self._pending_marker is not None:
+            props[self.marker_prop] = self._pending_marker
+        return props
+
+    def _epoch_dirs(self, table: Any, epoch: int) -> list[str]:
+        """The epoch's own directories under the table's data location (native writes,
+        staged changes, an upsert commit's files), spelt as locations."""
+        from pyarrow import fs as pafs
+
+        data = table.location().rstrip("/") + "/data"
+        filesystem, root, _ = _compat.location_filesystem(self.opts.catalog_properties(), data)
+        prefix = f"eosink-{sink_key(self.sink_id):08x}-e{epoch}-"
+        top = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        return [
+            f"{data}/{d.base_name}"
+            for d in top
+            if d.type == pafs.FileType.Directory and d.base_name.startswith(prefix)
+        ]
+
+    def _sweep_changes(self, table: Any, epoch: int, keep: set[str] | None) -> None:
+        """After an upsert epoch is committed: delete its staged changes and every file of
+        its directories that is not one of the data files just committed (``keep``; None:
+        a replayed commit, where the table's references decide). Never raises."""
+        try:
+            files = [p for p, e in self._data_files(table, self._epoch_dirs(table, epoch))]
+            if keep is None:
+                self._delete_unreferenced(table, files)
+            else:
+                self._delete_unreferenced(
+                    None, [p for p in files if norm(p) not in keep], refs=set()
+                )
+            self._remove_native_dirs(table, epoch)
+        except Exception:
+            log.warning(
+                "iceberg: could not delete the staged changes of epoch %d; retried at the "
+                "next start",
+                epoch,
+                exc_info=True,
+            )
 
     def _apply_evolution(self, tx: Any, evolve: dict[str, str], epoch: int) -> None:
         """Apply the epoch's schema change in its commit; the field ids must be the writers'."""
@@ -813,6 +1040,7 @@ class IcebergCoordinator(
         try:
             table = self._table()
             paths = {f["file_path"] for f in (committable or {}).get("files", [])}
+            paths |= {c["path"] for c in (committable or {}).get("changes", [])}
             paths |= {p for p, e in self._data_files(table) if e == epoch}
             # Never a file the table references: the core also aborts the output of a replay
             # of an epoch that is committed (its own files are in the table).

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from eosink import MissingExtraError, SinkError
 
@@ -43,6 +43,20 @@ class IcebergSinkOptions(BaseModel):
         writer: who writes the data files: ``auto`` (Spark's own Parquet writer when it can
             express the table and the DataFrame exactly, else Python writers in Spark tasks),
             ``spark`` (always Spark's; refused with an error when it cannot) or ``python``.
+        mode: ``append`` (default): every row is added. ``upsert``: change-data-capture;
+            each row replaces the table's row of the same ``keys`` (or is added), and with
+            ``op_column`` a delete operation removes it. An epoch's changes commit as one
+            snapshot (copy-on-write: the data files holding its keys are rewritten).
+        keys: the key columns of ``upsert`` (the table's identifier fields, when it
+            declares any).
+        order_by: the column that orders several rows of one key within an epoch: the row
+            with the largest value wins (a Kafka offset, a change timestamp); a NULL never
+            wins. Without it, a key repeated within an epoch is an error before the epoch
+            is persisted.
+        op_column: a change-data-capture operation column (Debezium's ``op``): rows whose
+            value is in ``delete_ops`` delete their key's row; any other value upserts. Not
+            written to the table.
+        delete_ops: the ``op_column`` values that delete (default ``["d"]``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -55,11 +69,39 @@ class IcebergSinkOptions(BaseModel):
     partition_by: tuple[PartitionTerm, ...] = ()
     expire_snapshots_keep: int | None = Field(default=None, ge=1)
     writer: Literal["auto", "spark", "python"] = "auto"
+    mode: Literal["append", "upsert"] = "append"
+    keys: tuple[str, ...] = ()
+    order_by: str | None = None
+    op_column: str | None = None
+    delete_ops: tuple[str, ...] = ("d",)
 
     @field_validator("partition_by", mode="before")
     @classmethod
     def _parse(cls, v: Any) -> tuple[PartitionTerm, ...]:
         return parse_partition_by(v)
+
+    @field_validator("keys", "delete_ops", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return (v,) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _modes(self) -> IcebergSinkOptions:
+        if self.mode == "upsert" and not self.keys:
+            raise ValueError("mode='upsert' needs keys=[...] (the table's key columns)")
+        if self.mode == "append" and (self.keys or self.op_column or self.order_by):
+            raise ValueError(
+                "keys, order_by and op_column are options of mode='upsert'; append adds every row"
+            )
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"keys repeat a column: {list(self.keys)}")
+        if self.op_column is not None and self.op_column in self.keys:
+            raise ValueError("op_column cannot be a key column")
+        if self.op_column is not None and self.op_column == self.order_by:
+            raise ValueError("op_column cannot be the order_by column")
+        if not self.delete_ops:
+            raise ValueError("delete_ops needs at least one value")
+        return self
 
     def catalog_properties(self) -> dict[str, str]:
         """The pyiceberg catalog properties (the embedded catalog's when ``catalog`` is empty;

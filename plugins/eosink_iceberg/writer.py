@@ -95,10 +95,23 @@ class IcebergWriter(CoordinatedSinkWriter[dict[str, Any]]):
 
         from ._compat import arrow_to_data_files, parse_table_metadata
 
-        metadata = parse_table_metadata(self.ctx.setup["metadata"])
-        io = load_file_io(self.ctx.setup["io"], metadata.location)
         table = pa.Table.from_batches(self.batches)
         self.batches = []
+        if self.opts.mode == "upsert":  # the task's changes, as they are (cdc.py)
+            from .cdc import stage_task_changes
+
+            staged = stage_task_changes(
+                table,
+                self.ctx.setup,
+                self.ctx.sink_id,
+                epoch,
+                self.ctx.attempt_id,
+                self.ctx.partition_id,
+            )
+            self.written.append(staged["path"])
+            return {"files": [], "changes": [staged], "evolve": evolve}
+        metadata = parse_table_metadata(self.ctx.setup["metadata"])
+        io = load_file_io(self.ctx.setup["io"], metadata.location)
         utc = utc_timestamps(table.schema)
         if utc != table.schema:
             table = table.cast(utc)

@@ -1,0 +1,363 @@
+"""Change-data-capture into Iceberg (``mode="upsert"``): upserts and deletes exactly once.
+
+Every check reads the table back with an independent reader (a pyiceberg scan) and compares
+it with the state computed from the input, row by row; the table location must hold no data
+file that no snapshot references, and no staged change file once the epoch is committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from test_iceberg import _opts, _table, orphan_files
+
+import eosink
+
+CDC = {"mode": "upsert", "keys": ["id"], "order_by": "seq", "op_column": "op"}
+SCHEMA = "id long, payload string, op string, seq long"
+
+
+def _changes(spark: Any, rows: list[tuple[Any, ...]], schema: str = SCHEMA) -> Any:
+    return spark.createDataFrame(rows, schema).repartition(3)
+
+
+def _apply(state: dict[int, dict[str, Any]], rows: list[tuple[Any, ...]], cols: list[str]) -> None:
+    """The model: the last change of each key within the epoch (largest seq), applied."""
+    last: dict[int, dict[str, Any]] = {}
+    for r in rows:
+        row = dict(zip(cols, r, strict=True))
+        cur = last.get(row["id"])
+        newer = row["seq"] is not None and (
+            cur is None or cur["seq"] is None or row["seq"] > cur["seq"]
+        )
+        if cur is None or newer:
+            last[row["id"]] = row
+    for k, row in last.items():
+        if row["op"] == "d":
+            state.pop(k, None)
+        else:
+            state[k] = {c: v for c, v in row.items() if c != "op"}
+
+
+def _rows(tmp_path: Path) -> list[dict[str, Any]]:
+    return sorted(_table(tmp_path).scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+
+
+def _leftovers(tmp_path: Path) -> list[str]:
+    """Files under the data location that no snapshot references (orphans, staged changes)."""
+    opts = eosink.get_sink("iceberg").parse_options(_opts(tmp_path, **CDC))
+    files = [str(p) for p in (tmp_path / "wh").rglob("data/**/*") if p.is_file()]
+    assert all(p.endswith(".parquet") for p in files), files
+    return orphan_files(opts)
+
+
+def _check(tmp_path: Path, state: dict[int, dict[str, Any]]) -> None:
+    got = _rows(tmp_path)
+    want = sorted(state.values(), key=lambda r: r["id"])
+    assert [r["id"] for r in got] == [r["id"] for r in want]
+    assert got == want
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("writer", ["spark", "python"])
+def test_upserts_and_deletes_exactly_once(spark, tmp_path: Path, writer: str) -> None:  # type: ignore[no-untyped-def]
+    """Three epochs of changes (inserts, updates, deletes, several changes of one key in an
+    epoch, a delete of a missing key), each committed as one snapshot; a re-run of an epoch
+    changes nothing; the snapshot of a later epoch rewrites only the files holding its keys."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    cols = ["id", "payload", "op", "seq"]
+    opts = {**_opts(tmp_path, **CDC), "writer": writer, "metastore_url": url}
+    state: dict[int, dict[str, Any]] = {}
+    e1 = [(i, f"v1-{i}", "c", 1) for i in range(100)]
+    e2 = (
+        [(i, f"v2-{i}", "u", 5) for i in range(50, 150)]
+        + [(i, None, "d", 5) for i in range(10)]
+        + [(60, "older", "u", 4), (60, "newest", "u", 9), (61, "null-seq", "u", None)]
+        + [(1000, None, "d", 1)]  # a delete of a key that is not there: nothing
+    )
+    e3 = [(55, None, "d", 1), (5, "back", "u", 1), (200, "new", "c", 1)]
+    for epoch, rows in ((1, e1), (2, e2), (3, e3)):
+        r = eosink.run(_changes(spark, rows), sink="iceberg", epoch=epoch, **opts)
+        assert isinstance(r, eosink.BatchResult) and r.committed, r
+        _apply(state, rows, cols)
+        _check(tmp_path, state)
+    assert next(r for r in _rows(tmp_path) if r["id"] == 60)["payload"] == "newest"
+    # Re-running a committed epoch writes nothing twice.
+    r = eosink.run(_changes(spark, e2), sink="iceberg", epoch=2, **opts)
+    _check(tmp_path, state)
+    table = _table(tmp_path)
+    snaps = [s for s in table.snapshots() if s.summary.additional_properties.get("eosink.epoch")]
+    assert [s.summary.additional_properties["eosink.epoch"] for s in snaps] == ["1", "2", "3"]
+    assert snaps[-1].summary.operation.value == "overwrite"
+    # The op_column is not written; order_by is a column like any other.
+    assert [f.name for f in table.schema().fields] == ["id", "payload", "seq"]
+
+
+def test_stream_with_a_column_added_mid_stream(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A change stream, stopped and restarted from its checkpoint with a new column in its
+    input (how a stream's schema changes): the table evolves in the next epoch's commit;
+    rows rewritten from files that predate the column get a null there."""
+    import os
+    import time
+
+    import pyarrow.parquet as pq
+
+    inp = tmp_path / "in"
+    inp.mkdir()
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    batches = [
+        [{"id": i, "payload": f"a{i}", "op": "c", "seq": 1} for i in range(20)],
+        [{"id": i, "payload": f"b{i}", "op": "u", "seq": 2} for i in range(10, 30)],
+        [{"id": i, "payload": f"c{i}", "op": "u", "seq": 3, "extra": i * 10} for i in range(25, 35)]
+        + [{"id": 0, "payload": None, "op": "d", "seq": 3, "extra": None}],
+    ]
+    state: dict[int, dict[str, Any]] = {}
+    for r in [r for rows in batches for r in rows]:
+        if r["op"] == "d":
+            state.pop(r["id"], None)
+        else:
+            state[r["id"]] = {k: r.get(k) for k in ("id", "payload", "seq", "extra")}
+
+    def stream(n: int, schema: str) -> None:
+        for i in range(n):
+            f = inp / f"in-{i}.parquet"
+            if not f.exists():
+                pq.write_table(pa.Table.from_pylist(batches[i]), f)
+                os.utime(f, (time.time() - 100 + i, time.time() - 100 + i))
+        sdf = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(inp))
+        h = eosink.run(
+            sdf,
+            sink="iceberg",
+            checkpoint_location=str(tmp_path / "chk"),
+            trigger={"availableNow": True},
+            metastore_url=url,
+            **_opts(tmp_path, **CDC),
+        )
+        h.await_termination()  # type: ignore[union-attr]
+
+    stream(2, SCHEMA)
+    assert [f.name for f in _table(tmp_path).schema().fields] == ["id", "payload", "seq"]
+    stream(3, SCHEMA + ", extra long")
+    assert [f.name for f in _table(tmp_path).schema().fields] == ["id", "payload", "seq", "extra"]
+    _check(tmp_path, state)
+
+
+def test_column_added_between_batch_epochs(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Epoch 2 brings a new column: files written before it are rewritten with a null in it."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    opts = {**_opts(tmp_path, **CDC), "metastore_url": url}
+    e1 = [(i, f"a{i}", "c", 1) for i in range(10)]
+    eosink.run(_changes(spark, e1), sink="iceberg", epoch=1, **opts)
+    e2 = [(i, f"b{i}", "u", 2, i * 10) for i in range(5, 15)]
+    eosink.run(_changes(spark, e2, SCHEMA + ", extra long"), sink="iceberg", epoch=2, **opts)
+    state = {i: {"id": i, "payload": f"a{i}", "seq": 1, "extra": None} for i in range(5)}
+    state |= {i: {"id": i, "payload": f"b{i}", "seq": 2, "extra": i * 10} for i in range(5, 15)}
+    _check(tmp_path, state)
+
+
+@pytest.mark.parametrize(
+    ("rows", "options", "error", "says"),
+    [
+        (
+            [(1, "a", "u", 1), (1, "b", "u", 2)],
+            {"order_by": None},
+            eosink.SinkError,
+            "more than one row",
+        ),
+        ([(1, "a", "u", 3), (1, "b", "u", 3)], {}, eosink.SinkError, "tie on order_by"),
+        ([(None, "a", "u", 1)], {}, eosink.SchemaMismatchError, "key column 'id' is null"),
+    ],
+    ids=["repeated-key", "tie", "null-key"],
+)
+def test_bad_changes_refused_before_phase_1(  # type: ignore[no-untyped-def]
+    spark, tmp_path: Path, rows: list[Any], options: dict[str, Any], error: type, says: str
+) -> None:
+    """What no commit could publish is refused before the epoch is PENDING: nothing is
+    committed, nothing staged is left, the table is unchanged."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    opts = {**_opts(tmp_path, **{**CDC, **options}), "metastore_url": url}
+    eosink.run(_changes(spark, [(7, "x", "c", 1)]), sink="iceberg", epoch=1, **opts)
+    with pytest.raises(error, match=says):
+        eosink.run(_changes(spark, rows), sink="iceberg", epoch=2, **opts)
+    _check(tmp_path, {7: {"id": 7, "payload": "x", "seq": 1}})
+    # The sink is not stuck: the next run with good changes commits.
+    eosink.run(_changes(spark, [(7, "y", "u", 2)]), sink="iceberg", epoch=2, **opts)
+    _check(tmp_path, {7: {"id": 7, "payload": "y", "seq": 2}})
+
+
+def test_upsert_backfill_and_bad_options_refused(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    opts = {**_opts(tmp_path, **CDC), "metastore_url": url}
+    eosink.run(_changes(spark, [(1, "a", "c", 1)]), sink="iceberg", epoch=5, **opts)
+    with pytest.raises(eosink.ConfigError, match="commit in order"):
+        eosink.run(_changes(spark, [(1, "old", "u", 1)]), sink="iceberg", epoch=3, **opts)
+    _check(tmp_path, {1: {"id": 1, "payload": "a", "seq": 1}})
+    with pytest.raises(eosink.ConfigError, match="needs keys"):
+        eosink.run(_changes(spark, []), sink="iceberg", epoch=6, **{**opts, "keys": []})
+    with pytest.raises(eosink.SchemaMismatchError, match="'nope' is not in the DataFrame"):
+        eosink.run(_changes(spark, []), sink="iceberg", epoch=6, **{**opts, "keys": ["nope"]})
+    with pytest.raises(eosink.ConfigError, match="options of mode='upsert'"):
+        eosink.run(_changes(spark, []), sink="iceberg", epoch=6, **{**opts, "mode": "append"})
+
+
+@pytest.mark.parametrize("other", ["append", "delete"])
+def test_concurrent_writer_conflict_is_redone(  # type: ignore[no-untyped-def]
+    spark,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    other: str,
+) -> None:
+    """Another application commits to the table while an upsert epoch is being committed
+    (between eosink's read of the files it rewrites and its table commit). ``append``: a new
+    file: the commit is retried on the new snapshot. ``delete``: the other application
+    rewrites a file eosink rewrites: the commit cannot stand and is redone from the new
+    snapshot. Either way the result is exact: both applications' changes, once."""
+    from eosink_iceberg import cdc
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    opts = {**_opts(tmp_path, **CDC), "metastore_url": url}
+    e1 = [(i, f"a{i}", "c", 1) for i in range(20)]
+    eosink.run(_changes(spark, e1).coalesce(1), sink="iceberg", epoch=1, **opts)
+    state = {i: {"id": i, "payload": f"a{i}", "seq": 1} for i in range(20)}
+    original = cdc.write_data
+    calls: list[int] = []
+
+    def write_data(*a: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:  # the first commit attempt, after its read of the table
+            t = _table(tmp_path)
+            if other == "append":
+                t.append(
+                    pa.table(
+                        {
+                            "id": pa.array([500], pa.int64()),
+                            "payload": ["other"],
+                            "seq": pa.array([0], pa.int64()),
+                        },
+                        schema=t.schema().as_arrow(),
+                    )
+                )
+            else:
+                from pyiceberg.expressions import EqualTo
+
+                t.delete(EqualTo("id", 19))
+        return original(*a, **kw)
+
+    monkeypatch.setattr(cdc, "write_data", write_data)
+    e2 = [(i, f"b{i}", "u", 2) for i in range(10)]
+    with caplog.at_level(logging.INFO):
+        r = eosink.run(_changes(spark, e2), sink="iceberg", epoch=2, **opts)
+    assert isinstance(r, eosink.BatchResult) and r.committed
+    assert "concurrent update" in caplog.text, caplog.text  # pyiceberg saw the conflict
+    assert "redone on the new snapshot" in caplog.text, caplog.text  # and eosink redid it
+    assert caplog.text.count("redone on the new snapshot") == 1, caplog.text
+    if other == "append":
+        state[500] = {"id": 500, "payload": "other", "seq": 0}
+    else:
+        state.pop(19)
+    for i in range(10):
+        state[i] = {"id": i, "payload": f"b{i}", "seq": 2}
+    _check(tmp_path, state)
+
+
+# --- crashes: SIGKILL of the driver, restart, the table read back --------------------------
+CRASH_CDC = {"mode": "upsert", "keys": ["grp"], "order_by": "id", "op_column": "op"}
+
+
+def _cdc_job(tmp_path: Path, mode: str, files: int, **extra: str) -> Any:
+    """A crash job of a change stream into Iceberg: upserts by ``grp`` (the largest ``id`` of
+    an epoch wins), every 7th id a delete; input files taken in name order."""
+    from harness import Job, make_input
+    from test_sql_crash import ROWS, _in_name_order
+
+    job = Job(
+        tmp_path,
+        mode,
+        f"sqlite:///{tmp_path / 'metastore.db'}",
+        sink_options=CRASH_CDC,
+        sink="iceberg",
+        **extra,
+    )
+    make_input(job.input, files=files, rows=ROWS)
+    _in_name_order(job)
+    return job
+
+
+def _check_cdc(job: Any) -> None:
+    """The table equals the change stream's final state, row by row (pyiceberg); no file of
+    the data location is left that no snapshot references (staged changes, a dead commit
+    attempt's files); every epoch Spark ran is COMMITTED."""
+    from harness import epoch_states, expected_epochs
+    from test_iceberg import iceberg_rows
+    from test_sql_crash import _cdc_state
+
+    opts = job.iceberg_options()
+    rows = sorted((r["id"], r["grp"], r["payload"]) for r in iceberg_rows(opts))
+    assert rows == _cdc_state(job), job.last_log()[-3000:]
+    assert orphan_files(opts) == []
+    files = [p for p in job.out.rglob("data/**/*") if p.is_file()]
+    assert all(p.suffix == ".parquet" for p in files), files
+    states = epoch_states(job.metastore, job.sink_id)
+    assert sorted(states.get("COMMITTED", [])) == expected_epochs(job), states
+    assert set(states) == {"COMMITTED"}, states
+
+
+def _crash_chain(job: Any, faults: list[str]) -> None:
+    for fault in faults:
+        code = job.run(fault=fault)
+        assert job.fired() == [fault.split("@")[0]], f"{fault} not reached:\n{job.last_log()}"
+        assert code == -9, f"the driver survived {fault} (exit {code}):\n{job.last_log()}"
+    assert job.run() == 0, job.last_log()
+
+
+CDC_CHAINS = [
+    ("stream", ["after_persist@2", "mid_commit@2", "after_commit@2"]),
+    ("stream", ["after_persist@3", "mid_abort"]),
+    ("batch", ["after_spark_write", "after_write_results", "mid_commit", "after_commit"]),
+]
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(
+    ("mode", "faults"), CDC_CHAINS, ids=[f"{m}-{'+'.join(f)}" for m, f in CDC_CHAINS]
+)
+def test_iceberg_cdc_crash(tmp_path: Path, mode: str, faults: list[str]) -> None:
+    job = _cdc_job(tmp_path, mode, files=5)
+    _crash_chain(job, faults)
+    _check_cdc(job)
+
+
+@pytest.mark.crash
+def test_iceberg_cdc_random_kills(tmp_path: Path) -> None:
+    """A change stream whose driver is killed at random instants, then let finish."""
+    import random
+
+    from harness import run_with_random_kills
+
+    job = _cdc_job(tmp_path, "stream", files=8)
+    run_with_random_kills(job, random.Random("iceberg-cdc"), window=2.5, attempts=3)
+    _check_cdc(job)
+
+
+@pytest.mark.crash
+def test_iceberg_cdc_executor_lost(tmp_path: Path) -> None:
+    """Python writers: a task's worker dies before its change file is reported, then, in a
+    later run, right after it; Spark retries the tasks; no change is applied twice and no
+    staged change file of a dead attempt is left."""
+    from harness import make_input
+
+    job = _cdc_job(tmp_path, "stream", files=2, master="local[2,3]", writer="python")
+    assert job.run(fault="task_before_finish") == 0, job.last_log()
+    assert "task_before_finish" in job.fired()
+    from test_sql_crash import ROWS, _in_name_order
+
+    make_input(job.input, files=4, rows=ROWS)  # the first two rewritten as they were
+    _in_name_order(job)
+    assert job.run(fault="task_after_finish") == 0, job.last_log()
+    assert "task_after_finish" in job.fired()
+    _check_cdc(job)
