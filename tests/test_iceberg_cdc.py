@@ -410,3 +410,29 @@ def test_docs_recipe_runs_as_written(  # type: ignore[no-untyped-def]
     table = load_catalog(opts.catalog_name, **opts.catalog_properties()).load_table("crm.customers")
     rows = sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
     assert rows == sorted(state.values(), key=lambda r: r["id"])
+
+
+def test_format_eosink_and_expired_snapshots(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``df.write.format("eosink")`` (Python writers) upserts too; with
+    ``expire_snapshots_keep=1`` the files that only expired snapshots referenced (replaced by
+    an upsert) are deleted: every file left is one the table reads."""
+    import json
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    opts = {**_opts(tmp_path, **CDC), "metastore_url": url, "expire_snapshots_keep": 1}
+    state: dict[int, dict[str, Any]] = {}
+    cols = ["id", "payload", "op", "seq"]
+    for epoch in range(1, 3):
+        rows = [(i, f"e{epoch}-{i}", "u", epoch) for i in range(epoch * 5, epoch * 5 + 20)]
+        rows += [(epoch, None, "d", epoch)]
+        w = _changes(spark, rows).write.format("eosink").option("sink", "iceberg")
+        for k, v in opts.items():
+            w = w.option(k, json.dumps(v) if isinstance(v, list) else str(v))
+        w.option("epoch", str(epoch)).mode("append").save()
+        _apply(state, rows, cols)
+        _check(tmp_path, state)
+    table = _table(tmp_path)
+    assert len(table.snapshots()) == 1
+    live = {t.file.file_path.split("://", 1)[-1] for t in table.scan().plan_files()}
+    on_disk = {str(p) for p in (tmp_path / "wh").rglob("data/**/*.parquet")}
+    assert on_disk == live

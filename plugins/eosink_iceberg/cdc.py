@@ -142,15 +142,14 @@ def stage_with_spark(
         writer.parquet(path)
     filesystem, root, scheme = _compat.location_filesystem(setup["io"], path)
     infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
-    files = [
-        i
-        for i in infos
-        if i.type == pafs.FileType.File
-        and not any(p[:1] in "._" for p in i.path[len(root) + 1 :].split("/"))
-    ]
-    for i in infos:  # .crc checksums of the local filesystem
-        if i.type == pafs.FileType.File and i not in files:
-            filesystem.delete_file(i.path)
+    files, litter = [], []
+    for i in infos:
+        if i.type != pafs.FileType.File:
+            continue
+        hidden = any(p[:1] in "._" for p in i.path[len(root) + 1 :].split("/"))
+        (litter if hidden else files).append(i)
+    for i in litter:  # .crc checksums of the local filesystem
+        filesystem.delete_file(i.path)
 
     def rows(info: Any) -> int:
         if scheme == "file":  # Spark's writers do not fsync: durable before PENDING

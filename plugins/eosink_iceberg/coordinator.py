@@ -951,6 +951,52 @@ class IcebergCoordinator(
             log.warning(
                 "iceberg: snapshot expiry failed; retried after the next commit", exc_info=True
             )
+            return
+        if self.opts.mode == "upsert":
+            self._delete_expired_files(snaps, table)
+
+    def _delete_expired_files(self, before: list[Any], table: Any) -> None:
+        """After an expiry: delete this sink's data files that only expired snapshots
+        referenced (an upsert epoch's commit replaces files; pyiceberg's expiry deletes no
+        file). Other writers' files are left alone. Never raises."""
+        try:
+            table = self._table()
+            live = {s.snapshot_id for s in table.snapshots()}
+            expired = [s for s in before if s.snapshot_id not in live]
+            if not expired:
+                return
+            gone: dict[str, str] = {}
+            seen: set[str] = set()
+            for snap in expired:
+                for manifest in snap.manifests(table.io):
+                    if manifest.manifest_path in seen:
+                        continue
+                    seen.add(manifest.manifest_path)
+                    for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
+                        path = entry.data_file.file_path
+                        if epoch_of_file(path, self.sink_id) is not None:
+                            gone.setdefault(norm(path), path)
+            if gone:
+                # What the live snapshots read (a DELETED entry of a manifest is no reference).
+                refs: set[str] = set()
+                seen.clear()
+                for snap in table.snapshots():
+                    for manifest in snap.manifests(table.io):
+                        if manifest.manifest_path in seen:
+                            continue
+                        seen.add(manifest.manifest_path)
+                        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                            refs.add(norm(entry.data_file.file_path))
+                n = self._delete_unreferenced(None, gone.values(), refs=refs)
+                if n:
+                    log.info(
+                        "iceberg: deleted %d data file(s) of %s that only expired snapshots "
+                        "referenced",
+                        n,
+                        self.sink_id,
+                    )
+        except Exception:
+            log.warning("iceberg: could not delete the files of expired snapshots", exc_info=True)
 
     def _io(self) -> Any:
         from pyiceberg.io import load_file_io
