@@ -142,7 +142,8 @@ def stage_with_spark(
         writer.parquet(path)
     filesystem, root, scheme = _compat.location_filesystem(setup["io"], path)
     infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
-    files, litter = [], []
+    files: list[Any] = []
+    litter: list[Any] = []
     for i in infos:
         if i.type != pafs.FileType.File:
             continue
