@@ -134,7 +134,12 @@ def stage_with_spark(
 
     metadata = _compat.parse_table_metadata(setup["metadata"])
     path = changes_dir(metadata.location, sink_id, epoch, attempt)
-    writer = df.write.mode("overwrite").option(
+    from pyspark.sql import functions as F
+
+    # A projection above the DataFrame (as the append path's): Spark 4.0 does not report
+    # the rows observed on a DataFrame written as it is.
+    out = df.select(*[F.col(f"`{c}`") for c in df.columns])
+    writer = out.write.mode("overwrite").option(
         "mapreduce.fileoutputcommitter.marksuccessfuljobs", "false"
     )
     t0 = time.perf_counter()
