@@ -9,7 +9,8 @@ Rows (targets from the performance issue):
 
 * file sink batch / ``df.write.parquet``, unpartitioned and partitioned (>= 0.95)
 * file sink stream / ``writeStream.format("parquet")``, availableNow (>= 1.0)
-* iceberg stream / naive ``foreachBatch(lambda df, _: table.append(df.toArrow()))`` (>= 2.0)
+* iceberg stream / naive ``foreachBatch(lambda df, _: table.append(df.toArrow()))`` (>= 2.0),
+  and with both tables partitioned by ``day(ts)`` and ``country`` (>= 1.5)
 * iceberg stream / Spark's Iceberg runtime ``writeStream.format("iceberg")`` (>= 0.9), both
   sides on pyspark 4.0 in an environment this command builds (``bench/_py40.py``)
 * Python writer path / bare ``mapInArrow`` writing the same files (>= 0.95)
@@ -23,6 +24,9 @@ Section "Rolling files and S3" (``--only rolling,s3 --splice`` rewrites just tha
   throughput eosink rolling / Spark (>= 0.9)
 * s3: eosink's file sink to ``s3://`` on moto's server / boto3 ``upload_file`` of the same
   bytes (>= 0.8); a rolling JSON stream to S3 (information)
+
+The iceberg upsert stream against Spark's Iceberg runtime ``foreachBatch`` + ``MERGE INTO``
+(>= 1.0) is its own command, ``python -m bench.upsert`` (``bench/iceberg_upsert.py``).
 
 Part "sql" (``bench/_sql.py``): a stream into PostgreSQL, eosink's sql sink / Spark's JDBC
 writer in ``foreachBatch`` (append, >= 1.5) and / a naive ``foreachBatch`` of psycopg

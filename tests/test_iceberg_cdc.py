@@ -315,10 +315,37 @@ def _crash_chain(job: Any, faults: list[str]) -> None:
     assert job.run() == 0, job.last_log()
 
 
+# Every core fault point of the protocol, chained as tests/test_crash.py chains them: each
+# restart is armed with the next point after recovering from the previous crash.
 CDC_CHAINS = [
-    ("stream", ["after_persist@2", "mid_commit@2", "after_commit@2"]),
-    ("stream", ["after_persist@3", "mid_abort"]),
-    ("batch", ["after_spark_write", "after_write_results", "mid_commit", "after_commit"]),
+    (
+        "stream",
+        [
+            "after_spark_write@2",
+            "after_write_results@2",
+            "after_pre_commit@2",
+            "after_persist@2",
+            "before_commit@2",
+        ],
+    ),
+    ("stream", ["mid_commit@2", "after_commit@2", "after_mark_committed@2"]),
+    # Inside recovery: the abort of epoch 2 (persisted, not checkpointed), then the commit
+    # of a checkpointed epoch (its copy-on-write rewrite killed half-way, then after it).
+    (
+        "stream",
+        ["after_persist@3", "recovery_before_abort", "mid_abort", "recovery_before_finish_abort"],
+    ),
+    ("stream", ["before_commit@2", "mid_commit", "after_commit"]),
+    (
+        "batch",
+        [
+            "after_spark_write",
+            "after_write_results",
+            "mid_commit",
+            "after_commit",
+            "after_mark_committed",
+        ],
+    ),
 ]
 
 
