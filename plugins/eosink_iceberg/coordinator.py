@@ -19,6 +19,9 @@
   ancestry of the current one carries the sink and exactly this epoch. Epochs may be
   committed out of order (a backfill of an older epoch). After the commit, data files of the
   epoch that no committable names (a dead executor, a failed task attempt) are deleted.
+* ``mode="upsert"`` (``cdc.py``): the writers stage the epoch's change rows as Parquet
+  files; ``pre_commit`` checks them; ``commit`` rewrites the data files holding the epoch's
+  keys and adds the upserted rows in one snapshot with the same marker (copy-on-write).
 * ``abort`` deletes the epoch's data files; a file referenced by the table is never deleted.
 * The sink's marker (:class:`eosink.TargetMarker`) is the table property
   ``eosink.<sink key>.marker``.

@@ -8,6 +8,7 @@ The sink is a package (see ``docs/iceberg.md``, "Package layout"):
 * ``writer.py``: the Python writer (Spark tasks, pyiceberg's Parquet writer);
 * ``native.py``: the native path (Spark's own Parquet writer, on the driver);
 * ``coordinator.py``: the table, schema evolution, commits, recovery and cleanup;
+* ``cdc.py``: change-data-capture (``mode="upsert"``): staging, checks, copy-on-write;
 * ``_compat.py``: every use of pyiceberg internals, and the versions it is tested with.
 
 Nothing here imports pyiceberg: without it the sink is still listed (``eosink plugins``).
