@@ -108,6 +108,18 @@ def venv(log: Callable[[str], None]) -> Path:
     return py
 
 
+def child_env(py: Path) -> dict[str, str]:
+    """The environment of a program run with the pyspark 4.0 environment's Python ``py``:
+    this process's, without what would point it at the main environment's Spark."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_SUBMIT_ARGS")
+    }
+    env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py), PYTHONUNBUFFERED="1")
+    return env
+
+
 def run_iceberg_runtime(
     data_dir: Path, reps: int, files_per_trigger: int, tmp: Path, timeout: float, log: Any
 ) -> dict[str, Any]:
@@ -120,12 +132,7 @@ def run_iceberg_runtime(
         return {"error": f"building the pyspark {PYSPARK} environment failed: {exc}"}
     out = tmp / "iceberg-runtime.json"
     logfile = tmp / "iceberg-runtime.log"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_SUBMIT_ARGS")
-    }
-    env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py), PYTHONUNBUFFERED="1")
+    env = child_env(py)
     cmd = [
         str(py),
         "-m",

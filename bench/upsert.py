@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -35,12 +34,7 @@ def main() -> int:
     jar = _py40.jar(print)
     tmp = Path(tempfile.mkdtemp(prefix="eosink-bench-upsert-"))
     out = tmp / "result.json"
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_SUBMIT_ARGS")
-    }
-    env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py), PYTHONUNBUFFERED="1")
+    env = _py40.child_env(py)
     cmd = [str(py), "-m", "bench.iceberg_upsert", "--jar", str(jar), "--tmp", str(tmp / "run")]
     cmd += ["--out", str(out), "--reps", str(a.reps), "--base", str(a.base)]
     cmd += ["--changes", str(a.changes), "--files", str(a.files)]

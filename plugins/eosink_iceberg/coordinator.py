@@ -747,14 +747,7 @@ class IcebergCoordinator(
             self._sweep_epoch(table, epoch, committable)
             return
         data_files = [data_file_from_json(f) for f in committable["files"]]
-        props = {
-            self.prop: str(max(self._last_epoch(table), epoch)),
-            self.epochs_prop: _add_to_ranges(
-                _parse_ranges(table.properties.get(self.epochs_prop)), epoch
-            ),
-        }
-        if self._pending_marker is not None:
-            props[self.marker_prop] = self._pending_marker
+        props = self._epoch_props(table, epoch)
         try:
             with _compat.transaction(table) as tx:
                 if evolve:
