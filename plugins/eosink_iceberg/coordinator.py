@@ -354,6 +354,23 @@ def _add_to_ranges(ranges: list[tuple[int, int]], epoch: int) -> str:
     return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in merged)
 
 
+def _manifest_files(table: Any, snapshots: Iterable[Any], discard_deleted: bool) -> dict[str, str]:
+    """The data files the manifests of ``snapshots`` list (each manifest read once), by
+    path without scheme (a listing's spelling) -> path as the manifest spells it;
+    ``discard_deleted``: without the entries a snapshot marks DELETED."""
+    out: dict[str, str] = {}
+    seen: set[str] = set()
+    for snap in snapshots:
+        for manifest in snap.manifests(table.io):
+            if manifest.manifest_path in seen:
+                continue
+            seen.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=discard_deleted):
+                path = entry.data_file.file_path
+                out.setdefault(norm(path), path)
+    return out
+
+
 class IcebergCoordinator(
     SinkCommitCoordinator[dict[str, Any], dict[str, Any]],
     StagedEpochs,
@@ -961,29 +978,15 @@ class IcebergCoordinator(
             expired = [s for s in before if s.snapshot_id not in live]
             if not expired:
                 return
-            gone: dict[str, str] = {}
-            seen: set[str] = set()
-            for snap in expired:
-                for manifest in snap.manifests(table.io):
-                    if manifest.manifest_path in seen:
-                        continue
-                    seen.add(manifest.manifest_path)
-                    for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=False):
-                        path = entry.data_file.file_path
-                        if epoch_of_file(path, self.sink_id) is not None:
-                            gone.setdefault(norm(path), path)
+            gone = [
+                path
+                for path in _manifest_files(table, expired, discard_deleted=False).values()
+                if epoch_of_file(path, self.sink_id) is not None
+            ]
             if gone:
                 # What the live snapshots read (a DELETED entry of a manifest is no reference).
-                refs: set[str] = set()
-                seen.clear()
-                for snap in table.snapshots():
-                    for manifest in snap.manifests(table.io):
-                        if manifest.manifest_path in seen:
-                            continue
-                        seen.add(manifest.manifest_path)
-                        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                            refs.add(norm(entry.data_file.file_path))
-                n = self._delete_unreferenced(None, gone.values(), refs=refs)
+                refs = set(_manifest_files(table, table.snapshots(), discard_deleted=True))
+                n = self._delete_unreferenced(None, gone, refs=refs)
                 if n:
                     log.info(
                         "iceberg: deleted %d data file(s) of %s that only expired snapshots "
@@ -1002,17 +1005,7 @@ class IcebergCoordinator(
     # -- data files: orphans and abort ---------------------------------------------------
     def _referenced(self, table: Any) -> set[str]:
         """Every data file path (without scheme) that any snapshot of ``table`` references."""
-        out: set[str] = set()
-        seen: set[str] = set()
-        io = table.io
-        for snap in table.snapshots():
-            for manifest in snap.manifests(io):
-                if manifest.manifest_path in seen:
-                    continue
-                seen.add(manifest.manifest_path)
-                for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
-                    out.add(norm(entry.data_file.file_path))
-        return out
+        return set(_manifest_files(table, table.snapshots(), discard_deleted=False))
 
     def _delete_unreferenced(
         self,
@@ -1097,17 +1090,13 @@ class IcebergCoordinator(
         (Spark leaves empty partition directories behind)."""
         from pyarrow import fs as pafs
 
-        filesystem, root, _ = _compat.location_filesystem(
-            self.opts.catalog_properties(), table.location().rstrip("/") + "/data"
-        )
-        prefix = f"eosink-{sink_key(self.sink_id):08x}-e{epoch}-"
-        top = filesystem.get_file_info(pafs.FileSelector(root, allow_not_found=True))
-        for d in top:
-            if d.type != pafs.FileType.Directory or not d.base_name.startswith(prefix):
-                continue
-            inside = filesystem.get_file_info(pafs.FileSelector(d.path, recursive=True))
+        for location in self._epoch_dirs(table, epoch):
+            filesystem, path, _ = _compat.location_filesystem(
+                self.opts.catalog_properties(), location
+            )
+            inside = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
             if not any(i.type == pafs.FileType.File for i in inside):
-                filesystem.delete_dir(d.path)
+                filesystem.delete_dir(path)
 
     def _data_files(
         self, table: Any | None = None, roots: list[str] | None = None
