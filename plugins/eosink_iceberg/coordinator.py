@@ -696,9 +696,14 @@ class IcebergCoordinator(
                     "order; run this backfill under a new epoch (above "
                     f"{last}) or leave epoch= unset. Nothing was committed."
                 )
-        required = []
-        if self._metadata is not None:
-            required = [f.name for f in self._metadata.schema().fields if f.required]
+        # The schema writer_setup staged; without it (format("eosink") commits in another
+        # process than its writer_setup) the table's: new columns are never required.
+        metadata = (
+            self._metadata if self._metadata is not None else getattr(table, "metadata", None)
+        )
+        required = (
+            [] if metadata is None else [f.name for f in metadata.schema().fields if f.required]
+        )
         io = self.opts.catalog_properties()
         if table is not None:
             io = {**io, **table.io.properties}
