@@ -463,3 +463,26 @@ def test_format_eosink_and_expired_snapshots(spark, tmp_path: Path) -> None:  # 
     live = {t.file.file_path.split("://", 1)[-1] for t in table.scan().plan_files()}
     on_disk = {str(p) for p in (tmp_path / "wh").rglob("data/**/*.parquet")}
     assert on_disk == live
+
+
+@pytest.mark.crash
+def test_iceberg_cdc_driver_moves(tmp_path: Path) -> None:
+    """A change stream whose driver dies at each point from PENDING to COMMITTED (between
+    Spark's checkpoint and the commit among them) and restarts each time on a new machine:
+    its own HOME, so the default meta store is new; only the checkpoint and the table
+    survive. The table equals the changes' final state; nothing staged is left."""
+    from harness import Job, make_input
+    from test_driver_moves import FILES, SHORT_CHAIN, check_states, moving_chain
+    from test_iceberg import iceberg_rows
+    from test_sql_crash import ROWS, _cdc_state, _in_name_order
+
+    job = Job(tmp_path, "stream", "default", sink_options=CRASH_CDC, sink="iceberg")
+    make_input(job.input, files=FILES, rows=ROWS)
+    _in_name_order(job)
+    moving_chain(job, SHORT_CHAIN)
+    opts = job.iceberg_options()
+    rows = sorted((r["id"], r["grp"], r["payload"]) for r in iceberg_rows(opts))
+    assert rows == _cdc_state(job)
+    assert orphan_files(opts) == []
+    assert all(p.suffix == ".parquet" for p in job.out.rglob("data/**/*") if p.is_file())
+    check_states(job)
