@@ -161,18 +161,27 @@ def test_native_partition_transforms_exact(spark: Any, tmp_path: Path) -> None:
     before = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
     try:
-        _run(df, tmp_path, table="db.a", partition_by=["grp", "day(ts)", "truncate(4, id)"])
+        a = _run(
+            df,
+            tmp_path,
+            table="db.a",
+            partition_by=["grp", "day(ts)", "truncate(4, id)"],
+            writer="spark",
+        )
+        assert a.figures is not None and a.figures.writer == "spark"
         _run(
             df,
             tmp_path,
             table="db.b",
             partition_by=["year(d)", "month(local_ts)", "flag", "n"],
+            writer="spark",
         )
         _run(
             df,
             tmp_path,
             table="db.c",
             partition_by=["hour(ts)", "truncate(6, name)", "d", "day(local_ts)"],
+            writer="spark",
         )
         expected = _by_id(df.toArrow().to_pylist())
     finally:
@@ -200,8 +209,9 @@ def test_native_and_python_give_the_same_table(spark: Any, tmp_path: Path) -> No
         "id", "cast(id % 4 as string) as grp", "timestamp_seconds(1763769600 + id * 21600) as ts"
     )
     parts = ["grp", "day(ts)"]
-    _run(df, tmp_path, table="db.native", partition_by=parts)
-    r = _run(df, tmp_path, table="db.python", partition_by=parts, writer="python")
+    n = _run(df, tmp_path, table="db.native", partition_by=parts, writer="spark")
+    assert n.figures is not None and n.figures.writer == "spark"
+    r = _run(df, tmp_path, table="db.python", partition_by=parts)  # auto: partitioned
     assert r.figures is not None and r.figures.writer == "python"
 
     def layout(name: str) -> dict[tuple[Any, ...], list[int]]:
@@ -260,12 +270,12 @@ def test_crash_after_the_spark_write_is_recovered(
     with monkeypatch.context() as m, simulate("after_spark_write") as fired:
         m.setattr(Epoch, "discard", lambda self: None)  # a killed driver cleans nothing up
         with pytest.raises(SimulatedCrash):
-            _run(df, tmp_path, partition_by=["grp"])
+            _run(df, tmp_path, partition_by=["grp"], writer="spark")
     assert fired[0] == 1
     data = Path(_local(_table(tmp_path).location())) / "data"
     dead = [p for p in data.iterdir() if p.name.startswith("eosink-")]
     assert len(dead) == 1 and list(dead[0].rglob("*.parquet"))
-    r = _run(df, tmp_path, partition_by=["grp"])
+    r = _run(df, tmp_path, partition_by=["grp"], writer="spark")
     assert not r.recovered and r.rows == 30
     table = _table(tmp_path)
     assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(30))
@@ -316,3 +326,46 @@ def test_partition_directories_decoded_and_checked(tmp_path: Path) -> None:
         _partition_record("eosink_p0=va/f", ident, footer(["A", "A"]))
     with pytest.raises(eosink.SinkError, match="not partitioned as asked"):
         _partition_record("f", ident, footer(["A"]))
+
+
+# -- Python writers: bounded memory -------------------------------------------------------------
+def test_python_writer_writes_out_beyond_its_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Python writer holds at most FLUSH_BYTES of its task's rows: beyond that it writes
+    them out as data files (several files per partition, rows exact, partition records
+    exact); a writer that fails after such a write deletes what it wrote."""
+    from eosink_iceberg import writer as iceberg_writer
+
+    from eosink.testing import drive_writers
+
+    monkeypatch.setattr(iceberg_writer, "FLUSH_BYTES", 40_000)
+    plugin = eosink.get_sink("iceberg")
+    opts = plugin.parse_options(_opts(tmp_path, partition_by=["grp"]))
+    coord = plugin.coordinator_factory(opts, "flush")
+    coord.init()
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("grp", pa.string())])
+
+    def batch(lo: int, n: int) -> pa.RecordBatch:
+        ids = list(range(lo, lo + n))
+        return pa.record_batch([pa.array(ids), pa.array([f"g{i % 2}" for i in ids])], schema=schema)
+
+    batches = [batch(i * 2_000, 2_000) for i in range(10)]  # 32 KB each: 5 write-outs
+    results = drive_writers(plugin, opts, "flush", 0, [batches], coord.writer_setup(schema))
+    files = results[0]["files"]
+    assert len(files) == 10  # two partitions, written out five times
+    coord.commit(0, coord.pre_commit(0, results).committable)
+    table = _table(tmp_path)
+    ids = sorted(table.scan().to_arrow().column("id").to_pylist())
+    assert ids == list(range(20_000))
+    assert _assert_partitions_exact(table) == 10
+    # A null in the required id, after two write-outs: the task fails, its files go.
+    nullable = pa.schema([("id", pa.int64()), ("grp", pa.string())])
+    bad = [b.cast(nullable) for b in batches[:4]]
+    bad.append(pa.record_batch({"id": [None] * 2_000, "grp": ["g0"] * 2_000}, schema=nullable))
+    with pytest.raises(eosink.SchemaMismatchError, match=r"column 'id' is required"):
+        drive_writers(plugin, opts, "flush", 1, [bad], coord.writer_setup(nullable))
+    data = Path(_local(_table(tmp_path).location())) / "data"
+    assert {str(p) for p in data.rglob("*.parquet")} == {
+        _local(f.file_path) for f in _data_files(_table(tmp_path))
+    }

@@ -303,8 +303,9 @@ def _plan(df: DataFrame, metadata: Any, table_name: str) -> tuple[list[Column], 
 
     schema = metadata.schema()
     struct = schema.as_struct()
+    fields = df.schema.fields  # one round trip to the JVM (a micro-batch's plan is analysed)
     columns = []
-    for f in df.schema.fields:
+    for f in fields:
         field = struct.field_by_name(f.name)
         col = F.col(_quoted(f.name))
         if field.required and f.nullable:
@@ -313,9 +314,9 @@ def _plan(df: DataFrame, metadata: Any, table_name: str) -> tuple[list[Column], 
             ).otherwise(col)
         target = _spark_type(f.dataType, field.field_type)
         columns.append(col.cast(target).alias(f.name, metadata={FIELD_ID: field.field_id}))
-    taken = {c.lower() for c in df.columns}
+    taken = {f.name.lower() for f in fields}
     parts = []
-    source_types = {f.name: f.dataType for f in df.schema.fields}
+    source_types = {f.name: f.dataType for f in fields}
     for i, (_, term) in enumerate(table_terms(metadata, with_void=True)):
         if term.transform == "void":
             parts.append(_Part(term, None, "int"))

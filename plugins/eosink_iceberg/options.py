@@ -40,8 +40,9 @@ class IcebergSinkOptions(BaseModel):
             parsed into :class:`~eosink_iceberg.transforms.PartitionTerm` objects.
         expire_snapshots_keep: after each commit, expire snapshots beyond the newest N
             (None: never). Keeps commit latency flat on long-running streams.
-        writer: who writes the data files: ``auto`` (Spark's own Parquet writer when it can
-            express the table and the DataFrame exactly, else Python writers in Spark tasks),
+        writer: who writes the data files: ``auto`` (Spark's own Parquet writer for an
+            unpartitioned table when it can express it and the DataFrame exactly, else
+            Python writers in Spark tasks: they write partitioned tables faster),
             ``spark`` (always Spark's; refused with an error when it cannot) or ``python``.
         mode: ``append`` (default): every row is added. ``upsert``: change-data-capture;
             each row replaces the table's row of the same ``keys`` (or is added), and with

@@ -15,7 +15,7 @@ from eosink import ConfigError, CoordinatedSinkWriter, SchemaMismatchError, Sink
 from .datafiles import data_file_to_json, write_uuid
 from .options import IcebergSinkOptions, require_pyiceberg
 
-__all__ = ["IcebergWriter", "check_required", "make_writer", "utc_timestamps"]
+__all__ = ["FLUSH_BYTES", "IcebergWriter", "check_required", "make_writer", "utc_timestamps"]
 
 
 def utc_timestamps(schema: pa.Schema) -> pa.Schema:
@@ -68,38 +68,76 @@ def required_message(table_name: str, column: str, nulls: int | None) -> str:
     )
 
 
+#: Arrow bytes a Python writer holds before it writes them out as data files (append mode):
+#: a task's memory stays bounded whatever its partition's size, at the cost of more (smaller)
+#: files for a task that holds more than this.
+FLUSH_BYTES = 128 * 1024 * 1024
+
+
 class IcebergWriter(CoordinatedSinkWriter[dict[str, Any]]):
-    """Buffers one task's Arrow batches and writes them as Iceberg data files."""
+    """Buffers one task's Arrow batches and writes them as Iceberg data files.
+
+    Appends are written out whenever the buffer reaches :data:`FLUSH_BYTES` and at
+    ``finish_write``; an upsert epoch's changes are staged as one file at ``finish_write``.
+    """
 
     def __init__(self, opts: IcebergSinkOptions, ctx: WriterContext) -> None:
         if ctx.setup is None:
             raise SinkError("the iceberg writer needs the table metadata from writer_setup")
         self.opts = opts
         self.ctx = ctx
+        self.epoch = 0
         self.batches: list[pa.RecordBatch] = []
+        self.buffered = 0
+        self.files: list[dict[str, Any]] = []
         self.written: list[str] = []
 
     def begin_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
         self.batches = []
+        self.buffered = 0
+        self.files = []
 
     def write_batch(self, batch: pa.RecordBatch) -> None:
-        if batch.num_rows:
-            self.batches.append(batch)
+        if not batch.num_rows:
+            return
+        self.batches.append(batch)
+        self.buffered += batch.nbytes
+        if self.buffered >= FLUSH_BYTES and self.opts.mode != "upsert":
+            self._flush()
 
-    def finish_write(self, epoch: int) -> dict[str, Any]:
-        evolve = self.ctx.setup.get("evolve")
+    def _flush(self) -> None:
+        """Write the buffered rows as data files of the table (recorded in ``self.files``)."""
         if not self.batches:
-            return {"files": [], "evolve": evolve}
+            return
         require_pyiceberg()
         from pyiceberg.io import load_file_io
 
         from ._compat import arrow_to_data_files, parse_table_metadata
 
         table = pa.Table.from_batches(self.batches)
-        self.batches = []
+        self.batches, self.buffered = [], 0
+        metadata = parse_table_metadata(self.ctx.setup["metadata"])
+        io = load_file_io(self.ctx.setup["io"], metadata.location)
+        utc = utc_timestamps(table.schema)
+        if utc != table.schema:
+            table = table.cast(utc)
+        check_required(metadata.schema(), table, self.opts.table)
+        uid = write_uuid(self.ctx.sink_id, self.epoch)
+        for df in arrow_to_data_files(metadata, table, io, uid):
+            self.written.append(df.file_path)
+            self.files.append(data_file_to_json(df, metadata.default_spec_id))
+
+    def finish_write(self, epoch: int) -> dict[str, Any]:
+        evolve = self.ctx.setup.get("evolve")
+        self.epoch = epoch
         if self.opts.mode == "upsert":  # the task's changes, as they are (cdc.py)
+            if not self.batches:
+                return {"files": [], "evolve": evolve}
             from .cdc import stage_task_changes
 
+            table = pa.Table.from_batches(self.batches)
+            self.batches, self.buffered = [], 0
             staged = stage_task_changes(
                 table,
                 self.ctx.setup,
@@ -110,16 +148,8 @@ class IcebergWriter(CoordinatedSinkWriter[dict[str, Any]]):
             )
             self.written.append(staged["path"])
             return {"files": [], "changes": [staged], "evolve": evolve}
-        metadata = parse_table_metadata(self.ctx.setup["metadata"])
-        io = load_file_io(self.ctx.setup["io"], metadata.location)
-        utc = utc_timestamps(table.schema)
-        if utc != table.schema:
-            table = table.cast(utc)
-        check_required(metadata.schema(), table, self.opts.table)
-        files = []
-        for df in arrow_to_data_files(metadata, table, io, write_uuid(self.ctx.sink_id, epoch)):
-            self.written.append(df.file_path)
-            files.append(data_file_to_json(df, metadata.default_spec_id))
+        self._flush()
+        files, self.files = self.files, []
         return {"files": files, "evolve": evolve}
 
     def abort_write(self) -> None:
