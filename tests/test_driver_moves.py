@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Job, epoch_states, make_input, read_ids, run_with_random_kills, staged_files
+from harness import (
+    Job,
+    epoch_states,
+    expected_epochs,
+    make_input,
+    read_ids,
+    run_with_random_kills,
+    staged_files,
+)
 
 pytestmark = pytest.mark.crash
 
@@ -81,8 +89,14 @@ def check_files(job: Job, expected: list[int], partitioned: bool) -> None:
 
 
 def check_states(job: Job) -> None:
-    """The last machine's meta store has every epoch COMMITTED, none PENDING or ABORTED,
-    and the journal holds no entry but the newest committed epoch's."""
+    """Every epoch the job ran is COMMITTED in some machine's meta store (the epochs a
+    killed driver left PENDING, in the store of the machine that recovered them), the last
+    machine's store has none PENDING or ABORTED, and the journal holds no entry but the
+    newest committed epoch's."""
+    committed: set[int] = set()
+    for db in sorted(job.tmp.glob("machines/*/home/.eosink/metastore.db")):
+        committed.update(epoch_states(f"sqlite:///{db}", job.sink_id).get("COMMITTED", []))
+    assert sorted(committed) == expected_epochs(job), committed
     states = epoch_states(job.metastore_url, job.sink_id)
     assert states.get("COMMITTED"), states
     assert "PENDING" not in states and "ABORTED" not in states, states
