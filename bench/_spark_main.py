@@ -341,6 +341,7 @@ class MainBench:
 
         arrow_schema = self.spark.read.parquet(str(self.data.path)).limit(0).toArrow().schema
         partition_by = ["day(ts)", "country"] if partitioned else []
+        key = "iceberg-partitioned" if partitioned else "iceberg"
 
         def eos(out: str) -> None:
             h = eosink.run(
@@ -356,7 +357,7 @@ class MainBench:
             )
             h.await_termination()
             for f in h.figures:
-                self._took("iceberg", f.writer)
+                self._took(key, f.writer)
 
         def naive(out: str) -> None:
             wh = Path(out) / "wh"
@@ -389,7 +390,7 @@ class MainBench:
                 t["eosink"],
                 t["naive"],
                 1.5 if partitioned else 2.0,
-                self.took("iceberg"),
+                self.took(key),
                 f"{self.codec('naive')}; not exactly once",
             )
         ]

@@ -369,3 +369,51 @@ def test_python_writer_writes_out_beyond_its_buffer(
     assert {str(p) for p in data.rglob("*.parquet")} == {
         _local(f.file_path) for f in _data_files(_table(tmp_path))
     }
+
+
+def test_a_stream_plans_its_projection_once(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The micro-batches of a stream reuse the projection the first one planned (PySpark's
+    Column API costs ~5 ms a call); a table whose schema changed gets a new one."""
+    from eosink_iceberg import native
+    from harness import make_input
+
+    calls: list[int] = []
+    plan = native._plan
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return plan(*args)
+
+    monkeypatch.setattr(native, "_plan", counted)
+    inp = tmp_path / "in"
+    expected = make_input(inp, files=3, rows=20)
+    sdf = (
+        spark.readStream.schema("id long, grp string, payload string")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(inp))
+    )
+    h = eosink.run(
+        sdf,
+        sink="iceberg",
+        checkpoint_location=str(tmp_path / "chk"),
+        trigger={"availableNow": True},
+        metastore_url=_url(tmp_path),
+        **_opts(tmp_path),
+    )
+    h.await_termination()  # type: ignore[union-attr]
+    assert [f.writer for f in h.figures] == ["spark"] * 3  # type: ignore[union-attr]
+    assert len(calls) == 1
+    with _table(tmp_path).update_schema() as u:  # another application adds a column
+        from pyiceberg.types import StringType
+
+        u.add_column("note", StringType())
+    more = tmp_path / "more.parquet"  # the stream's Spark schema: only the table changed
+    pq.write_table(pa.table({"id": [100, 101], "grp": ["g", "g"], "payload": ["p", "p"]}), more)
+    again = spark.read.schema("id long, grp string, payload string").parquet(str(more))
+    assert again.schema == sdf.schema
+    _run(again, tmp_path, epoch=5)
+    assert len(calls) == 2
+    ids = sorted(_table(tmp_path).scan().to_arrow().column("id").to_pylist())
+    assert ids == sorted([*expected, 100, 101])
