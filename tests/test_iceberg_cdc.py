@@ -463,6 +463,10 @@ def test_format_eosink_and_expired_snapshots(spark, tmp_path: Path) -> None:  # 
     live = {t.file.file_path.split("://", 1)[-1] for t in table.scan().plan_files()}
     on_disk = {str(p) for p in (tmp_path / "wh").rglob("data/**/*.parquet")}
     assert on_disk == live
+    # The directory of epoch 1's commit went with its files (no empty directories pile up).
+    dirs = [p for p in (tmp_path / "wh").rglob("data/eosink-*") if p.is_dir()]
+    assert dirs and all(any(q.is_file() for q in d.rglob("*")) for d in dirs), dirs
+    assert not any("-e1-" in d.name for d in dirs), dirs
 
 
 @pytest.mark.crash

@@ -1004,6 +1004,7 @@ class IcebergCoordinator(
                 # What the live snapshots read (a DELETED entry of a manifest is no reference).
                 refs = set(_manifest_files(table, table.snapshots(), discard_deleted=True))
                 n = self._delete_unreferenced(None, gone, refs=refs)
+                self._remove_empty_dirs({d for d in map(native_write_dir, gone) if d})
                 if n:
                     log.info(
                         "iceberg: deleted %d data file(s) of %s that only expired snapshots "
@@ -1105,13 +1106,21 @@ class IcebergCoordinator(
     def _remove_native_dirs(self, table: Any, epoch: int) -> None:
         """Delete the directories of the epoch's native writes that hold no file any more
         (Spark leaves empty partition directories behind)."""
+        self._remove_empty_dirs(self._epoch_dirs(table, epoch))
+
+    def _remove_empty_dirs(self, locations: Iterable[str]) -> None:
+        """Delete each of this sink's epoch directories ``locations`` that holds no file
+        (empty subdirectories, e.g. Spark's partition directories, go with it)."""
         from pyarrow import fs as pafs
 
-        for location in self._epoch_dirs(table, epoch):
+        for location in sorted(locations):
             filesystem, path, _ = _compat.location_filesystem(
                 self.opts.catalog_properties(), location
             )
-            inside = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+            try:
+                inside = filesystem.get_file_info(pafs.FileSelector(path, recursive=True))
+            except FileNotFoundError:
+                continue
             if not any(i.type == pafs.FileType.File for i in inside):
                 filesystem.delete_dir(path)
 
