@@ -76,7 +76,7 @@ def jar(log: Callable[[str], None]) -> Path:
 
 def venv(log: Callable[[str], None]) -> Path:
     """The environment's Python: a ``uv venv`` with pyspark 4.0 and eosink (editable)."""
-    uv = shutil.which("uv")
+    uv = shutil.which("uv") or os.environ.get("UV")  # `uv run` names itself in UV
     if uv is None:
         raise RuntimeError("`uv` is not on the PATH (it builds the pyspark 4.0 environment)")
     reqs = _requirements()
