@@ -354,11 +354,6 @@ def _add_to_ranges(ranges: list[tuple[int, int]], epoch: int) -> str:
     return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in merged)
 
 
-def _partitioned(metadata: Any) -> bool:
-    """Whether the table's current spec has a partition field that is not ``void``."""
-    return any(str(f.transform) != "void" for f in metadata.spec().fields)
-
-
 def _manifest_files(table: Any, snapshots: Iterable[Any], discard_deleted: bool) -> dict[str, str]:
     """The data files the manifests of ``snapshots`` list (each manifest read once), by
     path without scheme (a listing's spelling) -> path as the manifest spells it;
@@ -543,7 +538,7 @@ class IcebergCoordinator(
                 return "the table does not exist yet"
             metadata = table.metadata
         why = unsupported(metadata, schema, self.opts.catalog_properties())
-        if why is None and self.opts.writer == "auto" and _partitioned(metadata):
+        if why is None and self.opts.writer == "auto" and table_terms(metadata):
             # Measured (docs/benchmarks.md): Spark's partitioned write sorts each task's
             # rows by partition; pyiceberg's writers split them in Arrow, 1.5x faster.
             return (

@@ -260,7 +260,7 @@ def write_epoch(
     """
     metadata = _compat.parse_table_metadata(setup["metadata"])
     spark = df.sparkSession
-    columns, parts = _cached_plan(df, metadata, opts.table)
+    columns, parts = _cached_plan(df, metadata)
     out = df.select(*columns)
     location = metadata.location.rstrip("/")
     path = f"{location}/data/{native_dir_name(sink_id, epoch, attempt)}"
@@ -308,7 +308,7 @@ _PLANS_LOCK = threading.Lock()
 _PLANS_KEPT = 16
 
 
-def _cached_plan(df: DataFrame, metadata: Any, table_name: str) -> tuple[list[Column], list[_Part]]:
+def _cached_plan(df: DataFrame, metadata: Any) -> tuple[list[Column], list[_Part]]:
     """:func:`_plan` of ``df``'s schema, reused while the schema, the table's schema and its
     spec stay the same (and the SparkContext: columns belong to its JVM)."""
     fields = df.schema  # one round trip to the JVM
@@ -320,14 +320,13 @@ def _cached_plan(df: DataFrame, metadata: Any, table_name: str) -> tuple[list[Co
         str(metadata.table_uuid),
         metadata.current_schema_id,
         metadata.default_spec_id,
-        table_name,
     )
     with _PLANS_LOCK:
         hit = _PLANS.get(key)
         if hit is not None and hit[0] is spark:
             _PLANS.move_to_end(key)
             return hit[1], hit[2]
-    columns, parts = _plan(fields, metadata, table_name)
+    columns, parts = _plan(fields, metadata)
     with _PLANS_LOCK:
         _PLANS[key] = (spark, columns, parts)
         while len(_PLANS) > _PLANS_KEPT:
@@ -335,7 +334,7 @@ def _cached_plan(df: DataFrame, metadata: Any, table_name: str) -> tuple[list[Co
     return columns, parts
 
 
-def _plan(df_schema: Any, metadata: Any, table_name: str) -> tuple[list[Column], list[_Part]]:
+def _plan(df_schema: Any, metadata: Any) -> tuple[list[Column], list[_Part]]:
     """The columns to write a DataFrame of Spark schema ``df_schema`` (cast to the table's
     types, with field ids) and the partition fields with their hidden columns."""
     from pyspark.sql import functions as F
