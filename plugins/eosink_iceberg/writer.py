@@ -91,6 +91,7 @@ class IcebergWriter(CoordinatedSinkWriter[dict[str, Any]]):
         self.buffered = 0
         self.files: list[dict[str, Any]] = []
         self.written: list[str] = []
+        self._table: tuple[Any, Any] | None = None  # (metadata, FileIO), parsed once
 
     def begin_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -111,14 +112,11 @@ class IcebergWriter(CoordinatedSinkWriter[dict[str, Any]]):
         if not self.batches:
             return
         require_pyiceberg()
-        from pyiceberg.io import load_file_io
-
-        from ._compat import arrow_to_data_files, parse_table_metadata
+        from ._compat import arrow_to_data_files
 
         table = pa.Table.from_batches(self.batches)
         self.batches, self.buffered = [], 0
-        metadata = parse_table_metadata(self.ctx.setup["metadata"])
-        io = load_file_io(self.ctx.setup["io"], metadata.location)
+        metadata, io = self._metadata_and_io()
         utc = utc_timestamps(table.schema)
         if utc != table.schema:
             table = table.cast(utc)
@@ -127,6 +125,18 @@ class IcebergWriter(CoordinatedSinkWriter[dict[str, Any]]):
         for df in arrow_to_data_files(metadata, table, io, uid):
             self.written.append(df.file_path)
             self.files.append(data_file_to_json(df, metadata.default_spec_id))
+
+    def _metadata_and_io(self) -> tuple[Any, Any]:
+        """The table's metadata and FileIO from ``writer_setup``, parsed at the first write-out
+        (each write-out of a task writes into the same table version)."""
+        if self._table is None:
+            from pyiceberg.io import load_file_io
+
+            from ._compat import parse_table_metadata
+
+            metadata = parse_table_metadata(self.ctx.setup["metadata"])
+            self._table = (metadata, load_file_io(self.ctx.setup["io"], metadata.location))
+        return self._table
 
     def finish_write(self, epoch: int) -> dict[str, Any]:
         evolve = self.ctx.setup.get("evolve")
