@@ -9,8 +9,9 @@ Each *run* is one job of the crash-test driver (``tests/crashjob.py``: a stream 
 micro-batch per input file, or a batch job, alternating) on fresh input, output and state.
 The driver is killed (SIGKILL of its whole process group: Python, JVM and Python workers) at
 a random instant, restarted and killed again, up to ``--max-kills-per-run`` times, then
-allowed to finish. Half of the instants (``--protocol-share``) are drawn from the first change
-of the sink's meta store rows in that run (0..``--protocol-window`` s after it), the others
+allowed to finish. Three quarters of the instants (``--protocol-share``) are drawn from the
+first change of the sink's meta store rows in that run (0..``--protocol-window`` s after it;
+with the instants of the other draws that land late, most kills hit the protocol), the others
 from the driver's start (``--min-kill``..``--max-kill`` s), which may land in Spark's start-up.
 An independent reader (pyarrow for files, a pyiceberg scan for Iceberg, a ``read_committed``
 consumer for Kafka) then compares the output with the input row by row. Sinks: ``file``,
@@ -212,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--protocol-share",
         type=float,
-        default=0.5,
-        help="share of kills drawn from the first meta store change of the run (default 0.5)",
+        default=0.75,
+        help="share of kills drawn from the first meta store change of the run (default 0.75)",
     )
     p.add_argument(
         "--protocol-window",
