@@ -344,10 +344,11 @@ class Job:
             return str(self.sink_options["sink_id"])
         if self.extra.get("sink") == "iceberg":
             return "iceberg:eosink.db.events"
-        if self.extra.get("sink") == "kafka":
+        if self.extra.get("sink") in ("kafka", "sql"):
             import eosink
 
-            plugin = eosink.get_sink("kafka")  # the sink's own default (kafka:<topic>)
+            # the sink's own default (kafka:<topic>, sql:<server>/<database>/<table>)
+            plugin = eosink.get_sink(self.extra["sink"])
             return plugin.default_sink_id(plugin.parse_options(self.sink_options))
         return f"file:{self.target.rstrip('/')}"
 

@@ -14,15 +14,21 @@ first change of the sink's meta store rows in that run (0..``--protocol-window``
 with the instants of the other draws that land late, most kills hit the protocol), the others
 from the driver's start (``--min-kill``..``--max-kill`` s), which may land in Spark's start-up.
 An independent reader (pyarrow for files, a pyiceberg scan for Iceberg, a ``read_committed``
-consumer for Kafka) then compares the output with the input row by row. Sinks: ``file``,
-``rolling`` (the file sink with files that span epochs: one rolls every second micro-batch),
-``iceberg``, ``kafka`` (a topic of a broker the soak starts). One line per sink sums it up::
+consumer for Kafka, plain SQL for the sql sink) then compares the output with the input row
+by row. Sinks: ``file``, ``rolling`` (the file sink with files that span epochs: one rolls
+every second micro-batch), ``iceberg``, ``kafka`` (a topic of a broker the soak starts),
+``sql`` (appends to a table of a PostgreSQL server the soak starts, a new database per run)
+and ``sql-cdc`` (the same sink upserting a change stream, every 7th row a delete; keyed by
+``grp`` in half the runs, where an epoch lost or applied out of order leaves a wrong final
+row, by ``id`` in the others, where any epoch lost leaves rows missing: the table must hold
+the final state computed from the input, row for row). One line per sink sums it up::
 
     file     runs=61 kills=203 in_protocol=151 rows=146400 lost=0 duplicated=0 leftovers=0 ...
 
 ``in_protocol``: kills that landed after the sink's meta store rows changed in that run (the
-others hit Spark's start-up); ``lost``: input ids missing from the output; ``duplicated``: extra
-copies of ids; ``leftovers``: staged files, orphaned data files, and PENDING or ABORTED
+others hit Spark's start-up); ``lost``: input ids missing from the output (for ``sql-cdc``:
+rows of the expected final state missing or different); ``duplicated``: extra copies of ids;
+``leftovers``: staged files, orphaned data files, staging tables, and PENDING or ABORTED
 epochs left in the meta store after the final run. The exit code is 1 when any of them is
 not 0 or a final run failed.
 """
@@ -54,7 +60,7 @@ from harness import (  # noqa: E402
     staged_files,
 )
 
-SINKS = ("file", "rolling", "iceberg", "kafka")
+SINKS = ("file", "rolling", "iceberg", "kafka", "sql", "sql-cdc")
 
 
 @dataclass
@@ -88,7 +94,15 @@ class Tally:
 def _read(job: Job, sink: str) -> tuple[list[int], list[str]]:
     """(ids in the output, leftovers) as an independent reader sees them: pyarrow for files
     (staged files left), a pyiceberg scan for Iceberg (data files no snapshot references),
-    a ``read_committed`` consumer for Kafka (staged chunks left)."""
+    a ``read_committed`` consumer for Kafka (staged chunks left), plain SQL for the sql
+    sink (staging tables left; for ``sql-cdc`` a row that differs from the expected final
+    state is left out of the ids, so it counts as lost)."""
+    if sink in ("sql", "sql-cdc"):
+        from test_sql_crash import _read as read_table
+
+        rows, staged = read_table(job.sink_options["url"])
+        want = set(_sql_expected(job))
+        return [r[0] for r in rows if r in want], [f"staging table {t}" for t in staged]
     if sink in ("file", "rolling"):
         return read_ids(job.out), staged_files(job.out)
     if sink == "kafka":
@@ -101,12 +115,49 @@ def _read(job: Job, sink: str) -> tuple[list[int], list[str]]:
     return [int(r["id"]) for r in iceberg_rows(opts)], orphan_files(opts)
 
 
+def _sql_expected(job: Job) -> list[tuple[int, str, str]]:
+    """The rows (id, grp, payload) the sql sink's table must hold: every input row for
+    appends; for a change stream the final state (keyed by ``grp``: each key's row of the
+    largest id unless that id is a multiple of 7, a delete; keyed by ``id``: every row but
+    the deleted ones)."""
+    from test_sql_crash import _appended, _cdc_state
+
+    keys = job.sink_options.get("keys")
+    if keys == ["grp"]:
+        return _cdc_state(job)
+    rows = _appended(job)
+    return [r for r in rows if r[0] % 7] if keys == ["id"] else rows
+
+
 def make_job(
-    tmp: Path, sink: str, mode: str, metastore: str, args: argparse.Namespace, kafka: Any
+    tmp: Path,
+    sink: str,
+    mode: str,
+    metastore: str,
+    args: argparse.Namespace,
+    kafka: Any,
+    run: int = 0,
 ) -> Job:
     """The crash-test driver's job for ``sink``: ``rolling`` is the file sink with files that
     span epochs (a file rolls every second micro-batch: ``max_row_count`` = two input files'
-    rows); ``kafka`` writes to a new 2-partition topic of the soak's broker."""
+    rows); ``kafka`` writes to a new 2-partition topic of the soak's broker; ``sql`` and
+    ``sql-cdc`` to a table of a new database of the soak's PostgreSQL server (default
+    ``sink_id``, the one users get; ``sql-cdc`` keyed by ``grp`` in runs 0, 1, 4, 5... and
+    by ``id`` in runs 2, 3, 6, 7..., so that both modes meet streams and batches)."""
+    if sink in ("sql", "sql-cdc"):
+        from conftest import create_pg_database
+        from test_sql_crash import SCHEMA, TABLE
+
+        opts: dict[str, Any] = {
+            "url": create_pg_database(),
+            "table": TABLE,
+            "create_table": True,
+            "staging_schema": SCHEMA,
+        }
+        if sink == "sql-cdc":
+            key = "grp" if run // 2 % 2 == 0 else "id"
+            opts.update(mode="upsert", keys=[key], order_by="id", op_column="op")
+        return Job(tmp, mode, metastore, sink_options=opts, sink="sql")
     if sink == "rolling":
         return Job(tmp, mode, metastore, sink_options={"max_row_count": 2 * args.rows})
     if sink == "kafka":
@@ -123,6 +174,7 @@ def one_run(
     rng: random.Random,
     args: argparse.Namespace,
     kafka: Any = None,
+    run: int = 0,
 ) -> tuple[int, int, list[int], list[int], list[str], bool, str]:
     """One job killed up to N times then finished.
 
@@ -130,8 +182,13 @@ def one_run(
     protocol* when the sink's meta store rows had changed in that run when it landed (the
     others hit Spark's or Python's start-up, which proves less).
     """
-    job = make_job(tmp, sink, mode, metastore, args, kafka)
+    job = make_job(tmp, sink, mode, metastore, args, kafka, run)
     expected = make_input(job.input, files=args.files, rows=args.rows)
+    if sink == "sql-cdc":
+        from test_sql_crash import _in_name_order
+
+        _in_name_order(job)  # the final state depends on the epochs' order
+        expected = [r[0] for r in _sql_expected(job)]
     kills = in_protocol = 0
     for _ in range(args.max_kills_per_run):
         before = job._state()
@@ -153,6 +210,10 @@ def one_run(
     leftovers = files + [
         f"{s} epoch {e}" for s in ("PENDING", "ABORTED") for e in states.get(s, [])
     ]
+    if sink in ("sql", "sql-cdc"):
+        from conftest import drop_pg_database
+
+        drop_pg_database(job.sink_options["url"])
     return kills, in_protocol, expected, sorted(got), leftovers, True, ""
 
 
@@ -173,12 +234,12 @@ def soak(
 
             metastore = create_pg_database()
         kills, in_protocol, expected, got, leftovers, ok, log = one_run(
-            tmp, sink, mode, metastore, rng, args, kafka
+            tmp, sink, mode, metastore, rng, args, kafka, tally.runs
         )
         tally.runs += 1
         tally.kills += kills
         tally.in_protocol += in_protocol
-        tally.rows += len(expected)
+        tally.rows += args.files * args.rows
         if not ok:
             tally.failed += 1
             tally.notes.append(f"run {tally.runs} ({mode}) failed, kept {tmp}:\n{log[-2000:]}")
@@ -244,12 +305,13 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     broker = None
     metastore_url = None
-    if args.metastore == "postgres":
+    if args.metastore == "postgres" or {"sql", "sql-cdc"} & set(sinks):
         from services import EmbeddedPostgres
 
         if not os.environ.get("EOSINK_TEST_PG"):
             server = EmbeddedPostgres()
             os.environ["EOSINK_TEST_PG"] = server.url
+    if args.metastore == "postgres":
         metastore_url = os.environ["EOSINK_TEST_PG"]
     try:
         if "kafka" in sinks:

@@ -209,6 +209,35 @@ def test_upserts_and_deletes_last_change_wins(spark: Any, db_url: str, tmp_path:
     assert _rows(db_url, table) == expected
 
 
+def test_order_by_a_key_column(spark: Any, db_url: str, tmp_path: Path) -> None:
+    """``order_by`` may name a key column (a change stream keyed and ordered by its id): the
+    epoch commits (it failed with "column reference "id" is ambiguous" on PostgreSQL, found
+    by the soak), and two rows of one key then tie on ``order_by``: refused, nothing PENDING."""
+    table = f"k_{uuid.uuid4().hex[:8]}"
+    o = _opts(
+        db_url,
+        tmp_path,
+        table,
+        mode="upsert",
+        keys=["id"],
+        order_by="id",
+        op_column="op",
+        create_table=True,
+    )
+    df = spark.createDataFrame(
+        [(1, "a", "c"), (2, "b", "c"), (3, "x", "c")], "id long, v string, op string"
+    )
+    assert eosink.run(df, sink="sql", epoch=1, **o).committed
+    df = spark.createDataFrame([(2, "b2", "u"), (3, "", "d")], "id long, v string, op string")
+    assert eosink.run(df, sink="sql", epoch=2, **o).committed
+    assert _rows(db_url, table) == [{"id": 1, "v": "a"}, {"id": 2, "v": "b2"}]
+    tie = spark.createDataFrame([(1, "p", "u"), (1, "q", "u")], "id long, v string, op string")
+    with pytest.raises(eosink.SinkError, match=r"rows of key \{'id': 1\} tie on order_by 'id'"):
+        eosink.run(tie, sink="sql", epoch=3, **o)
+    assert _rows(db_url, table) == [{"id": 1, "v": "a"}, {"id": 2, "v": "b2"}]
+    assert _staging_tables(db_url, o["staging_schema"]) == []
+
+
 def test_repeated_key_without_order_by_refused_before_pending(
     spark: Any, db_url: str, tmp_path: Path
 ) -> None:

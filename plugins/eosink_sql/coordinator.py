@@ -431,7 +431,8 @@ class SqlCoordinator(
 
         db = self.db
         keys = list(self.opts.keys)
-        group = keys + ([self.opts.order_by] if self.opts.order_by else [])
+        order = self.opts.order_by
+        group = keys + ([order] if order and order not in keys else [])
         src = self._union(tables, group)
         row = conn.execute(
             text(
