@@ -189,6 +189,26 @@ def test_bad_changes_refused_before_phase_1(  # type: ignore[no-untyped-def]
     _check(tmp_path, {7: {"id": 7, "payload": "y", "seq": 2}})
 
 
+def test_order_by_a_key_column(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``order_by`` may name a key column (changes keyed and ordered by their id): the epochs
+    commit (phase 1 failed with pyarrow's "Multiple matches for FieldRef" before), and two
+    rows of one key then tie on ``order_by``: refused, nothing committed."""
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    cdc = {**CDC, "order_by": "id"}
+    opts = {**_opts(tmp_path, **cdc), "metastore_url": url}
+    e1 = [(1, "a", "c", 1), (2, "b", "c", 1), (3, "x", "c", 1)]
+    eosink.run(_changes(spark, e1), sink="iceberg", epoch=1, **opts)
+    eosink.run(
+        _changes(spark, [(2, "b2", "u", 2), (3, None, "d", 2)]), sink="iceberg", epoch=2, **opts
+    )
+    state = {1: {"id": 1, "payload": "a", "seq": 1}, 2: {"id": 2, "payload": "b2", "seq": 2}}
+    _check(tmp_path, state)
+    tie = [(1, "p", "u", 3), (1, "q", "u", 4)]
+    with pytest.raises(eosink.SinkError, match=r"rows of key \{'id': 1\} tie on order_by 'id'"):
+        eosink.run(_changes(spark, tie), sink="iceberg", epoch=3, **opts)
+    _check(tmp_path, state)
+
+
 def test_upsert_backfill_and_bad_options_refused(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     url = f"sqlite:///{tmp_path / 'm.db'}"
     opts = {**_opts(tmp_path, **CDC), "metastore_url": url}

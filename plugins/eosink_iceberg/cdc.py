@@ -258,7 +258,8 @@ def check_changes(
             from .writer import required_message
 
             raise SchemaMismatchError(required_message(opts.table, col, n))
-    group = [*opts.keys, *([opts.order_by] if opts.order_by else [])]
+    # order_by may be a key column (a stream keyed and ordered by its id): select it once
+    group = list(dict.fromkeys([*opts.keys, *([opts.order_by] if opts.order_by else [])]))
     probe = data.select(group)
     if opts.order_by:  # a NULL order_by never wins: ties among NULLs do not matter
         probe = probe.filter(pc.is_valid(probe.column(opts.order_by)))
