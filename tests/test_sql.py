@@ -161,6 +161,15 @@ def test_append_batch_exactly_once_and_rerun(spark: Any, db_url: str, tmp_path: 
     assert _staging_tables(db_url, o["staging_schema"]) == []
 
 
+CDC: dict[str, Any] = {
+    "mode": "upsert",
+    "keys": ["id"],
+    "order_by": "seq",
+    "op_column": "op",
+    "create_table": True,
+}
+
+
 def _changes(spark: Any, rows: list[tuple[int, str, str, int | None]]) -> Any:
     return spark.createDataFrame(rows, "id long, v string, op string, seq long")
 
@@ -169,16 +178,7 @@ def test_upserts_and_deletes_last_change_wins(spark: Any, db_url: str, tmp_path:
     """A CDC stream's epochs: creates, then updates (two of one key in one epoch: the larger
     seq wins), a delete, a create after a delete; a replayed epoch changes nothing."""
     table = f"u_{uuid.uuid4().hex[:8]}"
-    o = _opts(
-        db_url,
-        tmp_path,
-        table,
-        mode="upsert",
-        keys=["id"],
-        order_by="seq",
-        op_column="op",
-        create_table=True,
-    )
+    o = _opts(db_url, tmp_path, table, **CDC)
     first = _changes(spark, [(i, f"v{i}", "c", i) for i in range(1, 6)])
     eosink.run(first, sink="sql", epoch=1, **o)
     second = _changes(
@@ -214,16 +214,7 @@ def test_order_by_a_key_column(spark: Any, db_url: str, tmp_path: Path) -> None:
     epoch commits (it failed with "column reference "id" is ambiguous" on PostgreSQL, found
     by the soak), and two rows of one key then tie on ``order_by``: refused, nothing PENDING."""
     table = f"k_{uuid.uuid4().hex[:8]}"
-    o = _opts(
-        db_url,
-        tmp_path,
-        table,
-        mode="upsert",
-        keys=["id"],
-        order_by="id",
-        op_column="op",
-        create_table=True,
-    )
+    o = _opts(db_url, tmp_path, table, **{**CDC, "order_by": "id"})
     df = spark.createDataFrame(
         [(1, "a", "c"), (2, "b", "c"), (3, "x", "c")], "id long, v string, op string"
     )
