@@ -137,19 +137,19 @@ def make_job(
     args: argparse.Namespace,
     kafka: Any,
     run: int = 0,
+    target: str | None = None,
 ) -> Job:
     """The crash-test driver's job for ``sink``: ``rolling`` is the file sink with files that
     span epochs (a file rolls every second micro-batch: ``max_row_count`` = two input files'
     rows); ``kafka`` writes to a new 2-partition topic of the soak's broker; ``sql`` and
-    ``sql-cdc`` to a table of a new database of the soak's PostgreSQL server (default
-    ``sink_id``, the one users get; ``sql-cdc`` keyed by ``grp`` in runs 0, 1, 4, 5... and
+    ``sql-cdc`` to a table of ``target``, a new database of the soak's PostgreSQL server
+    (default ``sink_id``, the one users get; ``sql-cdc`` keyed by ``grp`` in runs 0, 1, 4, 5... and
     by ``id`` in runs 2, 3, 6, 7..., so that both modes meet streams and batches)."""
     if sink in ("sql", "sql-cdc"):
-        from conftest import create_pg_database
         from test_sql_crash import SCHEMA, TABLE
 
         opts: dict[str, Any] = {
-            "url": create_pg_database(),
+            "url": target,
             "table": TABLE,
             "create_table": True,
             "staging_schema": SCHEMA,
@@ -175,6 +175,7 @@ def one_run(
     args: argparse.Namespace,
     kafka: Any = None,
     run: int = 0,
+    target: str | None = None,
 ) -> tuple[int, int, list[int], list[int], list[str], bool, str]:
     """One job killed up to N times then finished.
 
@@ -182,7 +183,7 @@ def one_run(
     protocol* when the sink's meta store rows had changed in that run when it landed (the
     others hit Spark's or Python's start-up, which proves less).
     """
-    job = make_job(tmp, sink, mode, metastore, args, kafka, run)
+    job = make_job(tmp, sink, mode, metastore, args, kafka, run, target)
     expected = make_input(job.input, files=args.files, rows=args.rows)
     if sink == "sql-cdc":
         from test_sql_crash import _in_name_order
@@ -210,10 +211,6 @@ def one_run(
     leftovers = files + [
         f"{s} epoch {e}" for s in ("PENDING", "ABORTED") for e in states.get(s, [])
     ]
-    if sink in ("sql", "sql-cdc"):
-        from conftest import drop_pg_database
-
-        drop_pg_database(job.sink_options["url"])
     return kills, in_protocol, expected, sorted(got), leftovers, True, ""
 
 
@@ -233,8 +230,14 @@ def soak(
             from conftest import create_pg_database
 
             metastore = create_pg_database()
+        target = None  # the sql sink's table: in a new database per run
+        if sink in ("sql", "sql-cdc"):
+            from conftest import create_pg_database
+
+            target = create_pg_database()
+            (tmp / "target-database.txt").write_text(target + "\n")
         kills, in_protocol, expected, got, leftovers, ok, log = one_run(
-            tmp, sink, mode, metastore, rng, args, kafka, tally.runs
+            tmp, sink, mode, metastore, rng, args, kafka, tally.runs, target
         )
         tally.runs += 1
         tally.kills += kills
@@ -252,10 +255,12 @@ def soak(
                 tally.notes.append(f"run {tally.runs} ({mode}) wrong output, kept {tmp}")
             elif not args.keep:
                 shutil.rmtree(tmp, ignore_errors=True)
-                if metastore_url:
-                    from conftest import drop_pg_database
+                from conftest import drop_pg_database
 
+                if metastore_url:
                     drop_pg_database(metastore)
+                if target:
+                    drop_pg_database(target)
         tally.seconds = time.monotonic() - started
         print(f"  {tally.line()}", flush=True)
     return tally
