@@ -122,6 +122,7 @@ def _parse(spec: str | None) -> dict[str, int]:
 _ARMED = _parse(os.environ.get("EOSINK_FAULT"))
 _SEEN: dict[str, int] = {}
 _SIMULATED: dict[str, list[int]] = {}
+_COUNT = threading.Lock()  # points are reached from several threads (a pool's slots)
 
 
 class SimulatedCrash(BaseException):
@@ -158,14 +159,17 @@ def fault_point(name: str, *, first_attempt: bool = True) -> None:
             (retries never die, so the job can finish).
     """
     if _SIMULATED and name in _SIMULATED:
-        state = _SIMULATED[name]
-        state[0] += 1
-        if state[0] == state[1]:
+        with _COUNT:
+            state = _SIMULATED[name]
+            state[0] += 1
+            crash = state[0] == state[1]
+        if crash:
             raise SimulatedCrash(name)
     if not _ARMED or name not in _ARMED or not first_attempt:
         return
-    _SEEN[name] = _SEEN.get(name, 0) + 1
-    if _SEEN[name] == _ARMED[name]:
+    with _COUNT:
+        _SEEN[name] = seen = _SEEN.get(name, 0) + 1
+    if seen == _ARMED[name]:
         mark = os.environ.get("EOSINK_FAULT_MARK")
         if mark:
             with open(os.path.join(mark, f"{name}.{os.getpid()}"), "w") as fh:

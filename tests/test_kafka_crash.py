@@ -52,8 +52,9 @@ STREAM_FAULTS = [
     # written again), inside a chunk's transaction (records produced, no marker).
     ["after_write_results@2", "after_persist@2", "kafka_mid_produce@3"],
     # A chunk produced and flushed, not committed (an open transaction the next start
-    # aborts; the next run dies right after fencing the first id of the pool, before the
-    # others are fenced), then between the chunks of a slot, then after the whole commit.
+    # aborts; the next run dies right after the first id of the pool is fenced, the others
+    # fenced or not: they are fenced in parallel), then between the chunks of a slot, then
+    # after the whole commit.
     ["kafka_before_commit@3", "kafka_after_init", "mid_commit@2", "after_commit@2"],
     # Crashes inside recovery's abort: epoch 2 persisted, not checkpointed; each restart
     # finds it still to abort and dies at the next point of that abort (before the plugin's

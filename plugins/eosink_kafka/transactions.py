@@ -284,6 +284,9 @@ def read_markers(
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
+        # A fetch that finds nothing new returns at once (the default waits 500 ms for
+        # data, and the read ends only at the end of every partition): ~0.5 s per read.
+        "fetch.wait.max.ms": 20,
     }
     try:
         return _read_markers(opts, topic, prefix, committed, base)
@@ -333,6 +336,9 @@ def _read_markers(
         if committed:
             consumer.close()
             reader = Consumer({**base, "isolation.level": "read_committed"}, logger=rdlog)
+            # The new consumer learns the topic's leaders before it is assigned: assigned
+            # first, its first fetch waits ~0.5 s for them.
+            reader.list_topics(topic, timeout=opts.timeout_seconds)
         out: dict[str, dict[str, Any]] = {}
         if not ends:
             return out
