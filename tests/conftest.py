@@ -9,7 +9,9 @@ cannot be started or reached fails the tests that need it.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +27,9 @@ from services import EmbeddedPostgres
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 # The default meta store and Iceberg warehouse live in $EOSINK_HOME: never the user's ~/.eosink.
-os.environ.setdefault("EOSINK_HOME", tempfile.mkdtemp(prefix="eosink-home-"))
+if "EOSINK_HOME" not in os.environ:
+    os.environ["EOSINK_HOME"] = tempfile.mkdtemp(prefix="eosink-home-")
+    atexit.register(shutil.rmtree, os.environ["EOSINK_HOME"], ignore_errors=True)
 
 TESTS = Path(__file__).resolve().parent
 _EMBEDDED: list[EmbeddedPostgres] = []

@@ -212,6 +212,12 @@ class Job:
             env.pop("EOSINK_HOME", None)
             env["HOME"] = str(self.machine / "home")
             env["TMPDIR"] = str(self.machine / "tmp")
+        # A killed driver leaves Spark's scratch behind (spark-*, blockmgr-*, artifacts-*, its
+        # native libraries): in the job's directory, not thousands of entries in /tmp.
+        scratch = self.machine / "tmp" if self.machine is not None else self.tmp / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        env["SPARK_LOCAL_DIRS"] = str(scratch)
+        env["JDK_JAVA_OPTIONS"] += f" -Djava.io.tmpdir={scratch}"
         return env
 
     @property

@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["EOSINK_TEST_CDS"] = str(archive)
     server = None
     broker = None
+    broker_home: Path | None = None
     metastore_url = None
     if args.metastore == "postgres" or {"sql", "sql-cdc"} & set(sinks):
         from services import EmbeddedPostgres
@@ -323,14 +324,17 @@ def main(argv: list[str] | None = None) -> int:
             from jvm import KafkaBroker
 
             print("starting a Kafka broker for the kafka sink", flush=True)
-            broker = KafkaBroker(Path(tempfile.mkdtemp(prefix="eosink-soak-kafka-")))
+            broker_home = Path(tempfile.mkdtemp(prefix="eosink-soak-kafka-"))
+            broker = KafkaBroker(broker_home)
         tallies = []
         for sink in sinks:
             print(f"soak {sink}: {args.kills} kills, meta store {args.metastore}", flush=True)
             tallies.append(soak(sink, metastore_url, args, broker))
     finally:
         if broker is not None:
-            broker.stop()
+            broker.stop()  # removes its own directory, inside broker_home
+        if broker_home is not None:
+            shutil.rmtree(broker_home, ignore_errors=True)
         if server is not None:
             server.stop()
     print("summary")
