@@ -274,3 +274,24 @@ def test_drivers_opening_a_new_store_at_once_all_start(
     final = MetaStore(url, create=False)
     assert sorted(r.sink_id for r in final.sinks()) == [f"sink-{i}" for i in range(n)]
     final.close()
+
+
+def test_new_sqlite_store_opened_by_threads_at_once_is_never_locked(tmp_path: Path) -> None:
+    """Many rounds of six threads opening one new SQLite store at the same instant: none
+    fails. Switching the new file to WAL takes a lock for which SQLite calls no busy handler;
+    unretried, ~2 % of the opens failed with "database is locked" (a CI run met it once)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = 6
+    for round_ in range(40):
+        url = f"sqlite:///{tmp_path / f'new-{round_}.db'}"
+        barrier = threading.Barrier(n)
+
+        def open_one(i: int, url: str = url, barrier: threading.Barrier = barrier) -> int:
+            barrier.wait()
+            MetaStore(url).close()
+            return i
+
+        with ThreadPoolExecutor(n) as pool:
+            assert sorted(pool.map(open_one, range(n))) == list(range(n)), round_
