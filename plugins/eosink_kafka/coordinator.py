@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -188,6 +188,19 @@ def _largest_of_file(path: Any) -> int:
     return largest_record(pq.read_table(path, columns=cols)) if cols else 0
 
 
+def _per_slot(fn: Callable[[int], None], numbers: list[int], prefer: type[Exception]) -> None:
+    """``fn(n)`` for every slot number, one thread each (inline for one). Once all have
+    finished, the first error is raised, the first of type ``prefer`` if any."""
+    if len(numbers) == 1:
+        fn(numbers[0])
+        return
+    with ThreadPoolExecutor(max_workers=len(numbers)) as pool:
+        futures = [pool.submit(fn, n) for n in numbers]
+        errors = [exc for exc in (fut.exception() for fut in futures) if exc is not None]
+    if errors:
+        raise ([e for e in errors if isinstance(e, prefer)] or errors)[0]
+
+
 class KafkaCoordinator(
     SinkCommitCoordinator[dict[str, Any], dict[str, Any]],
     SparkWriter[dict[str, Any]],
@@ -241,28 +254,15 @@ class KafkaCoordinator(
             number = key[len(prefix) :]
             if number.isdigit() and not self._slot(int(number)).ready:
                 todo.add(int(number))
-        self._init_slots(sorted(todo))
+        # At once: each waits ~0.3 s for the broker (one after the other, a pool of 16
+        # took ~4 s per start and per format("eosink") micro-batch).
+        _per_slot(lambda n: self._slot(n).init(), sorted(todo), ConfigError)
         markers = read_markers(self.opts, self.control_topic, prefix)
         for n in todo:
             slot = self._slot(n)
             slot.marker = markers.get(slot.marker_key)
             slot.ready = True
         self.sink_marker = markers.get(f"{self.key}/sink", self.sink_marker)
-
-    def _init_slots(self, numbers: list[int]) -> None:
-        """``init_transactions`` of the slots at once (each waits ~0.3 s for the broker:
-        one after the other, a pool of 16 took ~5 s per start and per ``format("eosink")``
-        micro-batch). The first failure is raised, after every slot has finished trying."""
-        if len(numbers) == 1:
-            self._slot(numbers[0]).init()
-            return
-        slots = [self._slot(n) for n in numbers]
-        with ThreadPoolExecutor(max_workers=min(len(slots), 16)) as pool:
-            futures = [pool.submit(slot.init) for slot in slots]
-        errors = [exc for exc in (fut.exception() for fut in futures) if exc is not None]
-        if errors:
-            config = [e for e in errors if isinstance(e, ConfigError)]
-            raise (config or errors)[0]
 
     def init(self) -> None:
         """Fence every id of the pool (aborting lingering transactions), read the markers."""
@@ -554,19 +554,7 @@ class KafkaCoordinator(
                 if index == 0:
                     fault_point("mid_commit")
 
-        errors: list[BaseException] = []
-        if len(slots) == 1:
-            publish(next(iter(slots)))
-        else:
-            with ThreadPoolExecutor(max_workers=len(slots)) as pool:
-                futures = [pool.submit(publish, n) for n in sorted(slots)]
-                for fut in futures:
-                    exc = fut.exception()
-                    if exc is not None:
-                        errors.append(exc)
-        if errors:
-            fenced = [e for e in errors if isinstance(e, FencedError)]
-            raise (fenced or errors)[0]
+        _per_slot(publish, sorted(slots), FencedError)
         stage.delete_epoch(self.key, epoch, None)
 
     def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
