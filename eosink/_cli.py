@@ -275,7 +275,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"\nsink {s['sink_id']} (plugin {s['plugin']}, generation {s['generation']}, "
             f"owner {s['owner']}{alive})"
         )
-        print(f"  target: {s['target'] or 'not recorded (written before eosink 0.1)'}")
+        print(f"  target: {s['target'] or 'not recorded (written by a pre-release eosink)'}")
         print(f"  created: {s['created_at']}  last change: {s['updated_at']}")
         if s["heartbeat_at"]:
             print(f"  last heartbeat of its coordinator: {s['heartbeat_at']}")
@@ -403,13 +403,15 @@ def owner_alive(owner: str, heartbeat_at: float | None = None) -> bool | None:
     On this host its process is asked. On another host its heartbeat tells: recorded
     within :data:`HEARTBEAT_STALE_SECONDS` means running, older means not (killed, or its
     host lost); None when it has none (stopped cleanly, or an eosink before the heartbeat)
-    or is not a process (``eosink abandon``): this machine cannot tell."""
-    from ._metastore import HEARTBEAT_STALE_SECONDS
+    or is not a process (``eosink abandon``): this machine cannot tell. A ``format("eosink")``
+    stream's owner (``host:pid (format stream)``, one micro-batch's coordinator) is asked by
+    its heartbeat on every host: its process ends with each micro-batch, its query runs on."""
+    from ._metastore import FORMAT_STREAM_OWNER, HEARTBEAT_STALE_SECONDS, split_owner
 
-    host, _, pid = owner.rpartition(":")
+    host, pid, note = split_owner(owner)
     if not host or not pid.isdigit():
         return None
-    if host != socket.gethostname():
+    if host != socket.gethostname() or note == FORMAT_STREAM_OWNER:
         if heartbeat_at is None:
             return None
         return time.time() - heartbeat_at < HEARTBEAT_STALE_SECONDS
@@ -436,13 +438,19 @@ def _refuse_unless_stopped(store: Any, sink_id: str, command: str) -> int | None
         )
         return 1
     if owner_alive(sink.owner, sink.heartbeat_at):
-        host = sink.owner.rpartition(":")[0]
-        if host == socket.gethostname():
+        from ._metastore import FORMAT_STREAM_OWNER, HEARTBEAT_STALE_SECONDS, split_owner
+
+        host, _, note = split_owner(sink.owner)
+        age = time.time() - (sink.heartbeat_at or 0.0)
+        if note == FORMAT_STREAM_OWNER:
+            where = (
+                f'is a format("eosink") stream that committed a micro-batch {age:.0f} s ago '
+                f"on {host} (such a query counts as running until {HEARTBEAT_STALE_SECONDS:.0f} "
+                "s after its last micro-batch; stop the query, or wait)"
+            )
+        elif host == socket.gethostname():
             where = "is running on this machine"
         else:
-            from ._metastore import HEARTBEAT_STALE_SECONDS
-
-            age = time.time() - (sink.heartbeat_at or 0.0)
             where = (
                 f"on {host} recorded its heartbeat {age:.0f} s ago (a job killed without "
                 f"stopping is taken as stopped {HEARTBEAT_STALE_SECONDS:.0f} s after its "

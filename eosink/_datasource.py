@@ -25,9 +25,15 @@ drops pyspark's frames, ``...hideTraceback.enabled`` the traceback, never the pr
 and when a Spark error is a ``PYTHON_DATA_SOURCE_ERROR`` whose Python traceback ends with an
 eosink error (``eosink.errors.ConfigError: invalid options ...``), directly or as the cause of
 a ``StreamingQueryException``, the user gets that eosink error itself: same class, same
-message, the worker's frames as its traceback and Spark's context as a note. Everything else
-passes unchanged, and should pyspark's internals change the wrapper steps aside (the Spark
-exception, which still contains the eosink message, is raised as before).
+message, the worker's frames as its traceback and Spark's context as a note. So is an eosink
+error a writer raised in a Spark task (``PYTHON_EXCEPTION``: a value it refuses). A Python
+error of the DataFrame's own tasks (a UDF that raises) in a ``format("eosink")`` write
+becomes a :class:`~eosink.errors.SinkError` whose first line is that error, as
+:func:`eosink.run` gives it (Spark's message puts it under its traceback): for a stream from
+the plan in its ``STREAM_FAILED`` message, for a batch through a wrapper of the classic
+``DataFrameWriter.save`` that knows the writer's format. Everything else passes unchanged,
+and should pyspark's internals change the wrappers step aside (the Spark exception, which
+still contains the eosink message, is raised as before).
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from ._checkpoint import CheckpointDir
 from ._journal import Journal
 from ._logs import default_logging
 from ._metastore import BATCH
+from ._paths import absolute, check_no_relative, path_options
 from ._protocol import WRITE, Epoch, SinkRuntime
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import is_connect
@@ -143,6 +150,10 @@ def _setup(
     if not name:
         raise ConfigError('format("eosink") needs .option("sink", "<name>")')
     plugin = get_sink(name)
+    # A Spark Connect server's worker runs in the session's temporary folder: a relative
+    # path would land there (and be deleted with the session). The client's
+    # register_datasource made them absolute; one still relative is refused.
+    check_no_relative(opts, path_options(plugin.path_options))
     plugin.check_ready()
     sink_opts = {k: _value(v) for k, v in opts.items() if k not in _CORE_KEYS}
     if "path" in opts:
@@ -162,8 +173,8 @@ def _setup(
     )
 
 
-def _runtime(s: SinkSetup, lineage: str = BATCH) -> SinkRuntime:
-    return open_runtime(s, lineage)
+def _runtime(s: SinkSetup, lineage: str = BATCH, *, micro_batch: bool = False) -> SinkRuntime:
+    return open_runtime(s, lineage, micro_batch=micro_batch)
 
 
 def _close(rt: SinkRuntime) -> None:
@@ -236,6 +247,10 @@ class _BatchWriter(DataSourceArrowWriter):
                     "sink %s epoch %d: already committed; output discarded", rt.sink_id, self.epoch
                 )
                 rt.discard(self.epoch)
+                # As eosink.run's batch: a crashed run may have left rows of committed epochs
+                # in open files (its roll at the end died); a batch leaves none.
+                rt.roll(everything=True)
+                rt.run_returned(self.epoch)
                 return
             _commit_inline(rt, self.epoch, messages, stream=False)
         finally:
@@ -280,7 +295,8 @@ class _StreamWriter(_StreamBase):
         """(checkpoint location, generation) of the journal the query's start claimed."""
 
     def _runtime(self) -> SinkRuntime:
-        rt = _runtime(self.s, self.lineage)
+        # The query runs on after this micro-batch: its heartbeat stays (SinkRuntime.micro_batch).
+        rt = _runtime(self.s, self.lineage, micro_batch=True)
         location, generation = self.journal
         rt.journal = Journal(CheckpointDir(None, location), self.s.sink_id, generation)
         return rt
@@ -339,7 +355,7 @@ class EosinkDataSource(DataSource):
         s = _setup(opts, checkpoint, streaming=True, schema=arrow)
         from pyspark.sql import SparkSession
 
-        rt = _runtime(s)
+        rt = _runtime(s, micro_batch=True)  # the query runs on: its heartbeat stays
         try:
             ckpt = CheckpointDir(SparkSession.getActiveSession(), checkpoint)
             base = rt.open_stream(ckpt, s.new_checkpoint, inline=True)
@@ -362,6 +378,58 @@ def register(spark: Any) -> None:
     default_logging()
     spark.dataSource.register(EosinkDataSource)
     _install_error_conversion(connect=is_connect(spark))
+    if is_connect(spark):
+        _absolute_paths_on_client(spark)
+
+
+def _absolute_paths_on_client(spark: Any) -> None:
+    """Make a Spark Connect client session send ``format("eosink")``'s path-like options
+    absolute (see :mod:`eosink._paths`).
+
+    Wraps the session's ``client.execute_command`` (once): a command that writes through
+    ``format("eosink")`` (Spark Connect's ``WriteOperation`` / ``WriteStreamOperationStart``
+    messages, part of its public protocol) gets its ``path`` and path-like options made
+    absolute against this process's working directory before it is sent.
+    """
+    client = getattr(spark, "client", None)
+    original = getattr(client, "execute_command", None)
+    if client is None or original is None or getattr(original, "__eosink__", False):
+        return
+
+    def execute_command(command: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _absolute_command_paths(command)
+        except Exception as exc:  # never make a write fail here: the server checks again
+            log.debug("cannot make format('eosink') paths absolute: %s", exc)
+        return original(command, *args, **kwargs)
+
+    execute_command.__eosink__ = True  # type: ignore[attr-defined]
+    client.execute_command = execute_command
+
+
+def _absolute_command_paths(command: Any) -> None:
+    """Rewrite, in place, the path-like options of a Spark Connect command that writes
+    through ``format("eosink")``; other commands are left alone."""
+    if command.HasField("write_operation"):
+        op, fmt = command.write_operation, command.write_operation.source
+    elif command.HasField("write_stream_operation_start"):
+        op, fmt = command.write_stream_operation_start, command.write_stream_operation_start.format
+    else:
+        return
+    if fmt.lower() != EosinkDataSource.name():
+        return
+    options = dict(op.options)
+    sink = next((v for k, v in options.items() if k.lower() == "sink"), None)
+    try:
+        declared = get_sink(sink).path_options if sink else ()
+    except EosinkError:  # an unknown sink: the server says so
+        declared = ()
+    names = path_options(declared)
+    for key, value in options.items():
+        if key.lower() in names and absolute(value) != value:
+            op.options[key] = absolute(value)
+    if op.HasField("path") and op.path:
+        op.path = absolute(op.path)
 
 
 _TRACEBACK = "Traceback (most recent call last):"
@@ -391,8 +459,15 @@ def _eosink_error_in(text: str) -> EosinkError | None:
     err = errors._rebuild(cls, (message,), {})
     for name, value in _attributes(cls, message).items():
         setattr(err, name, value)
+    return _worker_frames(err, text)
+
+
+def _worker_frames(err: EosinkError, text: str) -> EosinkError:
+    """``err`` with the frames of the Python traceback in ``text`` (a worker's, as Spark
+    reports it) as its traceback, as pyspark does for its own exceptions."""
+    start = text.rfind(_TRACEBACK)
     if start >= 0:
-        try:  # the worker's frames as the traceback, as pyspark does for its own exceptions
+        try:
             from pyspark.errors.exceptions.tblib import Traceback
 
             err = err.with_traceback(Traceback.from_string(text[start:]).as_traceback())
@@ -430,9 +505,11 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
     if isinstance(exc, EosinkError):
         return exc
     condition = exc.getCondition() if hasattr(exc, "getCondition") else None
-    if condition not in ("PYTHON_DATA_SOURCE_ERROR", "STREAM_FAILED"):
+    if condition not in ("PYTHON_DATA_SOURCE_ERROR", "STREAM_FAILED", "PYTHON_EXCEPTION"):
         return None
     params = exc.getMessageParameters() or {}
+    if condition == "PYTHON_EXCEPTION":  # a task's Python error: an eosink writer's?
+        return _eosink_error_in(_without_sqlstate(str(params.get("traceback") or exc)))
     if condition == "STREAM_FAILED":
         cause = getattr(exc, "_cause", None)
         err = _eosink_error_of(cause) if cause is not None else None
@@ -440,6 +517,8 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
             from ._stream import eosink_error_of_stream
 
             err = eosink_error_of_stream(exc)
+        if err is None and _python_task_error(cause) and _EOSINK_STREAM.search(str(exc)):
+            err = _task_error('format("eosink") stream', cause)
         where = f"the streaming query id={params.get('id')} runId={params.get('runId')} stopped"
     else:
         err = _eosink_error_in(str(params.get("msg", "")))
@@ -450,6 +529,69 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
         # that re-raise it with its cause (StreamingHandle.await_termination).
         err._spark_error = exc  # type: ignore[attr-defined]
     return err
+
+
+# The plan Spark shows in a failed stream's message, when its sink is format("eosink").
+_EOSINK_STREAM = re.compile(r"^WriteToMicroBatchDataSource(?:V1)? eosink\b", re.M)
+
+
+def _without_sqlstate(text: str) -> str:
+    return re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text).rstrip()
+
+
+def _python_task_error(exc: Any) -> bool:
+    """Whether a converted Spark error is a Python error raised in a task (a Python UDF's,
+    or a writer's), whose own line Spark puts under its traceback."""
+    condition = exc.getCondition() if hasattr(exc, "getCondition") else None
+    return condition == "PYTHON_EXCEPTION" and not isinstance(exc, EosinkError)
+
+
+def _task_error(what: str, exc: Any) -> EosinkError:
+    """A write of ``format("eosink")`` that failed in a Spark task with a Python error that
+    is not eosink's (a UDF of the DataFrame raised): that error's line first, as
+    :func:`eosink.run` gives it, and the task's Python frames as its traceback."""
+    from ._write import _root_cause
+
+    err = errors.SinkError(
+        f"{what}: writing failed in a Spark task: {_root_cause(exc)} (nothing of the epoch "
+        "was committed; the task's frames are this error's traceback)"
+    )
+    params = exc.getMessageParameters() if hasattr(exc, "getMessageParameters") else None
+    text = str((params or {}).get("traceback") or exc)
+    return _worker_frames(err, _without_sqlstate(text))
+
+
+def _writes_eosink(writer: Any) -> bool:
+    """Whether a classic ``DataFrameWriter`` writes ``format("eosink")``."""
+    try:
+        return str(writer._jwrite.source()).lower() == EosinkDataSource.name()
+    except Exception:  # not a classic writer, or its JVM is gone
+        return False
+
+
+def _wrap_save(cls: Any) -> None:
+    """Wrap ``DataFrameWriter.save`` once: a ``format("eosink")`` batch write that fails with
+    a Python error of a task (a UDF of the DataFrame) raises a :class:`SinkError` whose
+    first line is that error (Spark's own message opens with "An exception was thrown from
+    the Python worker" and the traceback); every other error passes unchanged."""
+    original = getattr(cls, "save", None)
+    if original is None or getattr(original, "__eosink__", False):
+        return
+
+    def save(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        except Exception as exc:
+            if not (_python_task_error(exc) and _writes_eosink(self)):
+                raise
+            err = _task_error('format("eosink")', exc)
+            _note(err, '(raised in Spark by format("eosink"), write: PYTHON_EXCEPTION)')
+            raise err from exc
+
+    save.__eosink__ = True  # type: ignore[attr-defined]
+    save.__wrapped__ = original  # type: ignore[attr-defined]
+    save.__doc__ = original.__doc__
+    cls.save = save
 
 
 def _note(err: BaseException, note: str) -> None:
@@ -468,6 +610,12 @@ def _install_error_conversion(connect: bool = False) -> None:
         pass
     else:
         _wrap(captured, "convert_exception")
+    try:
+        from pyspark.sql.readwriter import DataFrameWriter
+    except ImportError:  # pragma: no cover - pyspark without the classic writer
+        pass
+    else:
+        _wrap_save(DataFrameWriter)
     if not connect:
         return
     try:

@@ -23,15 +23,25 @@ from ._checkpoint import CheckpointDir
 from ._journal import Entry, Journal
 from ._metastore import (
     ABORTED,
-    AUTO_ORIGINS,
     BATCH,
     BATCH_AUTO,
     BATCH_AUTO_UNREPORTED,
     BATCH_ORIGINS,
     COMMITTED,
+    FORMAT_STREAM_OWNER,
     HEARTBEAT_SECONDS,
     PENDING,
     MetaStore,
+)
+from ._rules import (
+    KnownEpoch,
+    PendingEpoch,
+    Refusal,
+    decide_batch_epoch,
+    decide_stream_epoch,
+    is_own_epoch,
+    plan_pending,
+    sweep_staged,
 )
 from .errors import (
     EosinkError,
@@ -234,6 +244,13 @@ class SinkRuntime:
     """The first batch id the stream's epoch base maps (see :meth:`_attach`)."""
     inline: bool = False
     """A stream that commits inside its micro-batches (``commit_mode="inline"``)."""
+    micro_batch: bool = False
+    """The coordinator of one micro-batch of a ``format("eosink")`` stream, in Spark's
+    data-source worker: the query runs on after :meth:`close`. Its owner is recorded as
+    ``host:pid (format stream)``, and close keeps its heartbeat instead of clearing it, so
+    that ``eosink status``, ``recover`` and ``abandon`` count the query as running, on any
+    host, until its heartbeat is stale (:data:`~eosink._metastore.HEARTBEAT_STALE_SECONDS`
+    after its last micro-batch)."""
     after_inline: bool = field(init=False, default=False)
     """The stream's previous driver committed inline (:meth:`open_stream`): its PENDING
     epochs may be committed in part, so this start commits them all (:meth:`start_recovery`)."""
@@ -325,7 +342,9 @@ class SinkRuntime:
                     "of it. Run with the meta store the sink was written with (metastore_url=)"
                 )
             self.adopted_last = marked
-        rec = self.store.acquire(sid, self.plugin.name, None)
+        rec = self.store.acquire(
+            sid, self.plugin.name, None, note=FORMAT_STREAM_OWNER if self.micro_batch else None
+        )
         self.generation = rec.generation
         if self.adopted_last is not None and marker is not None:
             log.warning(
@@ -473,42 +492,48 @@ class SinkRuntime:
                 )
             return WRITE, self.store.max_epoch(sid) + 1
         self.lineage = BATCH
-        rec = self.store.epoch(sid, epoch)
-        if rec is not None:
-            if rec.origin in AUTO_ORIGINS and rec.status in (COMMITTED, PENDING):
-                raise SinkIdentityError(
-                    f"epoch {epoch} of sink {sid!r} was given to an earlier run without epoch= "
-                    "(the next free epoch then), so it cannot tell whether this run repeats "
-                    f"it. Pick an unused epoch (above {self.store.max_epoch(sid)} is always "
-                    "free), and keep either explicit or automatic epochs on one sink"
-                )
-            if rec.origin not in (None, *BATCH_ORIGINS):
-                raise SinkIdentityError(
-                    f"epoch {epoch} of sink {sid!r} was written by a streaming query of this "
-                    "sink; a batch run must not reuse it. Pick an epoch above "
-                    f"{self.store.stream_high(sid)}, or leave epoch unset (the next free one)"
-                )
-            return {COMMITTED: SKIP, PENDING: FINISH}.get(rec.status, WRITE), epoch
-        target = self.target_journal()
-        was = target.committed_origin(epoch) if target else None
-        if was == BATCH:
-            return SKIP, epoch  # committed by a batch run the meta store does not know
-        if was == BATCH_AUTO:
-            raise SinkIdentityError(
+        r = self.store.epoch(sid, epoch)
+        rec = KnownEpoch(r.epoch, r.status, r.origin) if r is not None else None
+        was, high = None, -1
+        if rec is None:
+            target = self.target_journal()
+            was = target.committed_origin(epoch) if target else None
+            if was is None:
+                high = self.store.stream_high(sid)
+        decision = decide_batch_epoch(epoch, rec, was, high)
+        if isinstance(decision, Refusal):
+            raise self._batch_epoch_refused(decision, epoch)
+        return decision
+
+    def _batch_epoch_refused(self, refusal: Refusal, epoch: int) -> SinkIdentityError:
+        sid = self.sink_id
+        if refusal.reason == "auto-epoch":
+            return SinkIdentityError(
+                f"epoch {epoch} of sink {sid!r} was given to an earlier run without epoch= "
+                "(the next free epoch then), so it cannot tell whether this run repeats "
+                f"it. Pick an unused epoch (above {self.store.max_epoch(sid)} is always "
+                "free), and keep either explicit or automatic epochs on one sink"
+            )
+        if refusal.reason == "stream-epoch":
+            return SinkIdentityError(
+                f"epoch {epoch} of sink {sid!r} was written by a streaming query of this "
+                "sink; a batch run must not reuse it. Pick an epoch above "
+                f"{self.store.stream_high(sid)}, or leave epoch unset (the next free one)"
+            )
+        if refusal.reason == "auto-epoch-at-target":
+            return SinkIdentityError(
                 f"epoch {epoch} of sink {sid!r} was given to an earlier run without epoch= "
                 "(the target's batch journal says so), so eosink cannot tell whether this run "
                 f"repeats it. Pick an unused epoch (above {self.store.max_epoch(sid)} is always "
                 "free), and keep either explicit or automatic epochs on one sink"
             )
         high = self.store.stream_high(sid)
-        if epoch <= high:
-            raise SinkIdentityError(
-                f"sink {sid!r} has no record of epoch {epoch}, and epochs up to {high} were "
-                "written by streaming queries or are known only as committed (garbage-collected "
-                "or taken over from the target): eosink cannot tell whether this epoch is one "
-                f"of them. Pick an epoch above {high}, or leave epoch unset (the next free one)"
-            )
-        return WRITE, epoch
+        return SinkIdentityError(
+            f"sink {sid!r} has no record of epoch {epoch}, and epochs up to {high} were "
+            "written by streaming queries or are known only as committed (garbage-collected "
+            "or taken over from the target): eosink cannot tell whether this epoch is one "
+            f"of them. Pick an epoch above {high}, or leave epoch unset (the next free one)"
+        )
 
     def run_returned(self, epoch: int) -> None:
         """A batch run returns to its caller with ``epoch`` committed: a run without
@@ -532,31 +557,45 @@ class SinkRuntime:
             SinkIdentityError: another run (a batch job, another checkpoint) wrote this epoch.
             FencedError: a newer coordinator took over.
         """
-        rec = self.store.epoch(self.sink_id, epoch)
-        if rec is not None and rec.origin not in (None, self.lineage):
-            raise SinkIdentityError(
-                f"epoch {epoch} of sink {self.sink_id!r} was written by another run "
-                f"({'a batch job' if rec.origin in BATCH_ORIGINS else 'another checkpoint'}) "
-                "while this query was running. Restart the query: eosink then moves its "
-                "epochs above every used one"
-            )
+        r = self.store.epoch(self.sink_id, epoch)
+        rec = KnownEpoch(r.epoch, r.status, r.origin) if r is not None else None
+        gc_floor, journal_origin = None, None
         if rec is None:
             sink = self.store.sink(self.sink_id)
-            decision = SKIP if sink is not None and epoch <= sink.gc_floor else WRITE
-            if decision == SKIP and self.journal is not None:
+            gc_floor = sink.gc_floor if sink is not None else None
+            if gc_floor is not None and epoch <= gc_floor and self.journal is not None:
                 # Committed, its row garbage-collected (or known from the target's marker):
                 # a replay of this stream's own epoch keeps its entry in the journal (the
                 # newest committed one stays); without it, the epoch is another run's.
                 entry = self.journal.entries().get(epoch)
-                if entry is None or entry.origin != self.lineage:
-                    raise SinkIdentityError(
-                        f"epoch {epoch} of sink {self.sink_id!r} was committed by another run "
-                        "(its record is garbage-collected) while this query's epochs were "
-                        "below it. Restart the query: eosink then moves its epochs above "
-                        "every used one"
-                    )
-        elif rec.status == ABORTED:
-            if not self._finish_aborted(rec):
+                journal_origin = entry.origin if entry is not None else None
+        d = decide_stream_epoch(
+            epoch,
+            self.lineage,
+            rec,
+            gc_floor,
+            journal_origin,
+            has_journal=self.journal is not None,
+        )
+        if isinstance(d, Refusal) and d.reason == "other-run-epoch":
+            assert r is not None
+            raise SinkIdentityError(
+                f"epoch {epoch} of sink {self.sink_id!r} was written by another run "
+                f"({'a batch job' if r.origin in BATCH_ORIGINS else 'another checkpoint'}) "
+                "while this query was running. Restart the query: eosink then moves its "
+                "epochs above every used one"
+            )
+        if isinstance(d, Refusal):
+            raise SinkIdentityError(
+                f"epoch {epoch} of sink {self.sink_id!r} was committed by another run "
+                "(its record is garbage-collected) while this query's epochs were "
+                "below it. Restart the query: eosink then moves its epochs above "
+                "every used one"
+            )
+        decision: str = d[0]
+        if decision == "abort-then-write":
+            assert r is not None
+            if not self._finish_aborted(r):
                 raise SinkError(
                     f"sink {self.sink_id} epoch {epoch}: the {self.plugin.name!r} plugin's abort "
                     "of this epoch's earlier attempt raised (logged above; a plugin contract "
@@ -564,8 +603,6 @@ class SinkRuntime:
                     "Fix what the abort needs and restart; it is retried first"
                 )
             decision = WRITE
-        else:
-            decision = SKIP if rec.status == COMMITTED else FINISH
         # Read first, check fencing second: a skip decided on state that a newer
         # coordinator could have changed is never acted on.
         self.assert_live()
@@ -880,7 +917,7 @@ class SinkRuntime:
         except Exception:  # pragma: no cover - close must not hide the real outcome
             log.exception("sink %s: coordinator close failed", self.sink_id)
         if self._heartbeat is not None:
-            self._heartbeat.stop()
+            self._heartbeat.stop(keep=self.micro_batch)
             self._heartbeat = None
 
     # -- recovery ------------------------------------------------------------------------
@@ -916,47 +953,47 @@ class SinkRuntime:
         """
         t0 = time.perf_counter()
         self.import_target_journal()  # PENDING epochs only the target's journal knows
-        pending = self.store.epochs(self.sink_id, (PENDING,))
-        for rec in pending:
-            if rec.origin == BATCH_AUTO and self.lineage != BATCH_AUTO:
+        pending = [
+            PendingEpoch(r.epoch, r.origin) for r in self.store.epochs(self.sink_id, (PENDING,))
+        ]
+        origin = {p.epoch: p.origin for p in pending}
+        for step in plan_pending(self.lineage, pending, first_epoch, hold=hold):
+            if step.kind == "retag":
                 # Tagged before the commit: a crash in between leaves it PENDING and tagged.
                 self.store.set_origin(
-                    self.sink_id, self.generation, rec.epoch, BATCH_AUTO_UNREPORTED
+                    self.sink_id, self.generation, step.epoch, BATCH_AUTO_UNREPORTED
                 )
-            own = self.lineage not in BATCH_ORIGINS and rec.origin in (None, self.lineage)
-            if hold and own and rec.epoch >= first_epoch:
+            elif step.kind == "defer":
                 log.info(
                     "sink %s: epoch %d is PENDING and not checkpointed; decided at the first "
                     "micro-batch",
                     self.sink_id,
-                    rec.epoch,
+                    step.epoch,
                 )
-                continue
-            if rec.epoch < first_epoch or not own:
+            elif step.kind == "commit":
                 log.info(
                     "sink %s: recovery commits %s epoch %d",
                     self.sink_id,
-                    "checkpointed" if own else "the complete PENDING",
-                    rec.epoch,
+                    "checkpointed"
+                    if is_own_epoch(self.lineage, origin[step.epoch])
+                    else "the complete PENDING",
+                    step.epoch,
                 )
-                self.finish(rec.epoch)
+                self.finish(step.epoch)
             else:
                 log.info(
                     "sink %s: recovery aborts epoch %d (not checkpointed; it will be written "
                     "again)",
                     self.sink_id,
-                    rec.epoch,
+                    step.epoch,
                 )
-                self.store.mark_aborted(self.sink_id, self.generation, rec.epoch)
+                self.store.mark_aborted(self.sink_id, self.generation, step.epoch)
         for rec in self.store.epochs(self.sink_id, (ABORTED,)):
-            self._finish_aborted(rec)
+            self._finish_aborted(rec)  # rule 3
         if isinstance(self.coordinator, StagedEpochs):
             live = {r.epoch for r in self.store.epochs(self.sink_id, (PENDING,))} | keep_staged
-            for e in sorted(set(self.coordinator.staged_epochs()) - live):
-                if hold and e >= first_epoch:
-                    continue  # decided at the first micro-batch (resume_stream)
-                if self.is_committed(e):
-                    continue  # visible data: never offered to abort
+            staged = self.coordinator.staged_epochs()
+            for e in sweep_staged(staged, live, self.is_committed, first_epoch, hold=hold):
                 log.info("sink %s: discarding data staged for epoch %d", self.sink_id, e)
                 self._abort(e, None)
         log.info(
@@ -1053,7 +1090,8 @@ class SinkRuntime:
                 raise SinkError(
                     f"sink {self.sink_id}: the {self.plugin.name!r} plugin's pre_commit "
                     f"returned a {type(prepared).__name__}, not eosink.Prepared(committable, "
-                    "files=, bytes=) (the plugin interface of eosink 0.2; see docs/plugins.md)"
+                    "files=, bytes=) (the plugin interface of eosink 0.1.0; see docs/plugins.md, "
+                    '"Upgrading a plugin written for a pre-release interface")'
                 )
             committable = prepared.committable
             files, nbytes = prepared.files, prepared.bytes
@@ -1277,10 +1315,12 @@ class Heartbeat:
             if not self.store.heartbeat(self.sink_id, self.generation):
                 log.debug("sink %s: heartbeat not recorded", self.sink_id)
 
-    def stop(self) -> None:
+    def stop(self, *, keep: bool = False) -> None:
+        """Stop beating; clear the heartbeat (a coordinator that stopped cleanly), or with
+        ``keep`` record a last one (its job runs on: a micro-batch's coordinator)."""
         self._stop.set()
         self._thread.join(timeout=5)
-        self.store.heartbeat(self.sink_id, self.generation, stopped=True)
+        self.store.heartbeat(self.sink_id, self.generation, stopped=not keep)
 
 
 class AsyncCommitter:

@@ -9,15 +9,25 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from .errors import MissingExtraError
 
-__all__ = ["S3Options", "is_s3", "local_tmp_dir", "normalize_s3", "s3_client", "split_s3"]
+__all__ = [
+    "S3Options",
+    "check_endpoint_url",
+    "is_s3",
+    "local_tmp_dir",
+    "normalize_s3",
+    "s3_client",
+    "split_s3",
+]
 
 _S3_SCHEMES = ("s3://", "s3a://", "s3n://")
 
@@ -42,6 +52,45 @@ def split_s3(path: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
+_HOST_LABELS = re.compile(r"^((?!-)[A-Z\d-]{1,63}(?<!-)\.)*((?!-)[A-Z\d-]{1,63}(?<!-))$", re.I)
+
+
+def check_endpoint_url(value: str | None) -> str | None:
+    """``s3_endpoint_url`` as botocore takes it: ``http(s)://host[:port][/path]``.
+
+    Raises:
+        ValueError: anything else, saying what an endpoint looks like (botocore would
+            raise ``ValueError: Invalid endpoint`` when the first client is made, naming no
+            option).
+    """
+    if value is None:
+        return None
+    v = value.strip()
+    problem = None
+    try:
+        parts = urlsplit(v)
+        host = parts.hostname or ""
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        parts, host, problem = None, "", "its port is not a number"
+    if problem is None:
+        if parts is None or parts.scheme.lower() not in ("http", "https"):
+            problem = "it does not start with http:// or https://"
+        elif any(c.isspace() for c in v):
+            problem = "it contains spaces"
+        elif not host:
+            problem = "it names no host"
+        elif ":" not in host and not _HOST_LABELS.match(host.rstrip(".")):
+            problem = f"{host!r} is not a host name"
+    if problem is not None:
+        raise ValueError(
+            f"not an S3 endpoint URL ({problem}); give the endpoint as "
+            "http(s)://host[:port], e.g. https://s3.eu-west-1.amazonaws.com or "
+            "http://127.0.0.1:9000"
+        )
+    return v
+
+
 class S3Options(BaseModel):
     """The ``s3_*`` options of a sink that reads or writes ``s3://`` locations.
 
@@ -58,6 +107,11 @@ class S3Options(BaseModel):
     s3_access_key_id: str | None = Field(default=None, repr=False)
     s3_secret_access_key: SecretStr | None = None
     s3_session_token: SecretStr | None = None
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return check_endpoint_url(v)
 
     def s3_args(self) -> tuple[str | None, str | None, str | None, str | None, str | None]:
         """``(endpoint, region, key, secret, token)``: the arguments of :func:`s3_client`."""

@@ -23,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from ._metastore import BATCH, MetaStore, default_url
+from ._paths import absolute_url
 from ._protocol import SinkRuntime
 from ._staging import resolve_staging_path
 from .errors import ConfigError
@@ -164,18 +165,26 @@ def prepare_sink(
         plugin,
         options,
         sink_id or plugin.default_sink_id(options),
-        metastore_url or default_url(checkpoint_location if streaming else None),
+        # A relative SQLite file is this process's: the setup may be unpickled elsewhere (a
+        # Spark Connect server's worker runs in a temporary folder of its own).
+        absolute_url(metastore_url) or default_url(checkpoint_location if streaming else None),
         float(metastore_retry_s),
         wanted,
         str(new_checkpoint),
     )
 
 
-def open_runtime(setup: SinkSetup, lineage: str = BATCH) -> SinkRuntime:
+def open_runtime(
+    setup: SinkSetup, lineage: str = BATCH, *, micro_batch: bool = False
+) -> SinkRuntime:
     """Open the setup's meta store and start its sink's coordinator (identity checked, the
-    sink acquired: older coordinators are fenced). Closes the store if that fails."""
+    sink acquired: older coordinators are fenced). Closes the store if that fails.
+
+    ``micro_batch``: the coordinator of one micro-batch of a ``format("eosink")`` stream (see
+    :attr:`SinkRuntime.micro_batch`)."""
     store = MetaStore(setup.metastore_url, retry_s=setup.metastore_retry_s)
     runtime = SinkRuntime(setup.plugin, setup.options, setup.sink_id, store)
+    runtime.micro_batch = micro_batch
     try:
         runtime.start()
     except BaseException:

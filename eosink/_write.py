@@ -89,6 +89,9 @@ def write_epoch(
     except Exception as exc:
         if isinstance(exc, EosinkError):
             raise
+        raised = task_eosink_error(exc, f"(sink {sink_id} epoch {epoch}: raised in a Spark task)")
+        if raised is not None:  # a writer's own error (a value it refuses...): itself
+            raise raised from exc
         where = "Spark's writer" if kind == "spark" else "a Spark task"
         raise SinkError(
             f"sink {sink_id} epoch {epoch}: writing failed in {where}: {_root_cause(exc)}"
@@ -139,6 +142,24 @@ def _write_native(
     # becomes PENDING (the caller discards it).
     coordinator.check_spark_write(epoch, results, rows)
     return results, rows
+
+
+def task_eosink_error(exc: BaseException, note: str = "") -> EosinkError | None:
+    """The eosink error a Spark task raised (a writer's), rebuilt from Spark's failure: same
+    class and message, ``note`` added; None when the task's Python traceback does not end
+    with one."""
+    text = str(exc)
+    if "eosink." not in text:
+        return None
+    from ._datasource import _eosink_error_in, _note
+
+    try:
+        err = _eosink_error_in(re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text).rstrip())
+    except Exception:  # never make an error worse
+        return None
+    if err is not None and note:
+        _note(err, note)
+    return err
 
 
 def _root_cause(exc: BaseException) -> str:

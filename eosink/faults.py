@@ -58,7 +58,8 @@ after it (the writer's files are durable, its result never reaches the driver).
 gets SIGCONT.
 
 If ``EOSINK_FAULT_MARK`` names a directory, a file ``<point>.<pid>`` is created there right
-before the kill, so a test can tell which point fired and in which process.
+before the kill, so a test can tell which point fired and in which process; it holds the
+point's *site* (see :func:`fault_point`), empty for points reached by one path only.
 """
 
 from __future__ import annotations
@@ -150,13 +151,17 @@ def simulate(point: str, nth: int = 1) -> Iterator[list[int]]:
         _SIMULATED.pop(point, None)
 
 
-def fault_point(name: str, *, first_attempt: bool = True) -> None:
+def fault_point(name: str, *, first_attempt: bool = True, site: str = "") -> None:
     """Die here with SIGKILL if ``name`` is armed and reached for the armed time.
 
     Args:
         name: one of the documented fault points.
         first_attempt: for executor points, whether this is a task's first attempt
             (retries never die, so the job can finish).
+        site: which of a point's places this is, where one point is reached by different
+            paths (``"held"``, ``"fresh"``: the sql sink's commit of a transaction phase 1
+            held open, or of a new one). Armed by ``name`` alone; the mark file holds it, so
+            that a crash test can tell, and the fault coverage table count, each path.
     """
     if _SIMULATED and name in _SIMULATED:
         with _COUNT:
@@ -173,6 +178,7 @@ def fault_point(name: str, *, first_attempt: bool = True) -> None:
         mark = os.environ.get("EOSINK_FAULT_MARK")
         if mark:
             with open(os.path.join(mark, f"{name}.{os.getpid()}"), "w") as fh:
+                fh.write(site)
                 fh.flush()
                 os.fsync(fh.fileno())
         sig = os.environ.get("EOSINK_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")

@@ -452,6 +452,13 @@ class SinkPlugin(Generic[OptionsT, R, C]):
             command before any Spark job (:meth:`check_ready`). Import such modules inside
             the factories, never at the top of the plugin module: a sink whose module
             cannot be imported cannot be listed either.
+        path_options: the names of the sink's options whose values are locations: a path, a
+            URI or a SQLAlchemy URL (whose SQLite database is a path), e.g.
+            ``("warehouse",)``. ``path``, ``staging_path``, ``checkpointLocation`` and
+            ``metastore_url`` are the core's and need not be listed. ``format("eosink")``
+            over Spark Connect makes relative ones absolute on the client (the server's
+            Python worker runs in a temporary folder) and refuses those that reach the
+            server relative.
     """
 
     name: str
@@ -465,6 +472,7 @@ class SinkPlugin(Generic[OptionsT, R, C]):
     description: str = ""
     requires: Mapping[str, str] = field(default_factory=dict, hash=False)
     describe_open: Callable[[str, C | None, Mapping[int, C]], list[dict[str, Any]]] | None = None
+    path_options: tuple[str, ...] = ()
 
     def missing_requirements(self) -> dict[str, str]:
         """The declared modules (:attr:`requires`) that cannot be found: module -> install."""

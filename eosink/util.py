@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["fsync_path", "is_secret_name", "redact", "sink_key"]
+__all__ = ["abandon_hint", "fsync_path", "is_secret_name", "redact", "sink_key"]
 
 _SECRET_NAME = re.compile(
     r"secret|passw|pwd|token|credential|(^|[._-])key($|[._-])|auth|private|pem|jaas", re.I
@@ -73,3 +73,21 @@ def sink_key(sink_id: str) -> str:
     """16 hex digits naming the sink (the first 64 bits of the SHA-1 of ``sink_id``):
     stable across versions, so names built from it are found again by later runs."""
     return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
+
+
+def abandon_hint(sink_id: str | None = None, epoch: int | None = None) -> str:
+    """The way out of an epoch whose data is gone (its staged files deleted while it was
+    PENDING: a cleanup job, a lifecycle rule), for the end of a plugin's error message:
+    the ``eosink abandon`` command that records the loss, so that the sink moves on.
+
+    Args:
+        sink_id: the sink's id (shown in ``eosink status``), when the caller knows it.
+        epoch: the epoch, when the caller knows it.
+    """
+    sid = f"'{sink_id}'" if sink_id else "SINK_ID"
+    ep = str(epoch) if epoch is not None else "N"
+    return (
+        "The epoch's rows are lost: record the loss with `eosink abandon --sink-id "
+        f"{sid} --epoch {ep} --reason '...' --accept-data-loss` (stop the sink's jobs "
+        "first), then run the query again (docs/cli.md, runbook)"
+    )

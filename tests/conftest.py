@@ -36,6 +36,24 @@ _EMBEDDED: list[EmbeddedPostgres] = []
 _BACKGROUND: list[subprocess.Popen[bytes]] = []
 
 
+def _compile_sources() -> None:
+    """Compile eosink's, the plugins' and the tests' sources to bytecode (only what changed).
+
+    Every crash-test driver, Spark Python worker and Spark Connect worker is a new
+    interpreter that imports eosink, SQLAlchemy and a sink. Where ``PYTHONDONTWRITEBYTECODE``
+    is set (as on CI's machine), no ``.pyc`` is ever written, and each of them compiled every
+    module again: ~40 % of a ``format("eosink")`` stream driver's CPU time, ~33 % of an
+    ``eosink.run`` one. The site-packages are compiled by ``uv``'s ``--compile-bytecode``
+    (README's test command); this compiles the repository's own sources."""
+    import compileall
+
+    root = TESTS.parent
+    for name in ("eosink", "plugins", "tests", "bench"):
+        if (root / name).is_dir():
+            compileall.compile_dir(root / name, quiet=2, workers=0)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own (its temporary directories)
 def pytest_configure(config: pytest.Config) -> None:
     """Once per run, before xdist starts its workers (which inherit the variables):
 
@@ -45,6 +63,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if hasattr(config, "workerinput"):
         return
+    _compile_sources()
     from jvm import spark_cds_archive_path
 
     if os.environ.get("EOSINK_TEST_CDS", "1") != "0":
@@ -62,6 +81,60 @@ def pytest_configure(config: pytest.Config) -> None:
         server = EmbeddedPostgres()
         _EMBEDDED.append(server)
         os.environ["EOSINK_TEST_PG"] = server.url
+    # Crash tests record which fault point they killed where (tests/faultmatrix.py), in
+    # pytest's base temporary directory (kept for the last three runs).
+    records = config._tmp_path_factory.getbasetemp() / "fault-coverage"  # type: ignore[attr-defined]
+    records.mkdir(exist_ok=True)
+    os.environ["EOSINK_TEST_FAULT_COVERAGE"] = str(records)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``release`` run with ``EOSINK_TEST_RELEASE=1`` (the release check,
+    docs/testing.md) or when selected by ``-m``; CI's run (the README's command) leaves them
+    out: more kills of what CI already kills (random instants, moves, Spark Connect and the
+    cluster, the soak's smoke run) than its 45-minute budget holds."""
+    if os.environ.get("EOSINK_TEST_RELEASE") == "1" or config.option.markexpr:
+        return
+    release = [it for it in items if it.get_closest_marker("release")]
+    if release:
+        config.hook.pytest_deselected(items=release)
+        items[:] = [it for it in items if it not in release]
+
+
+def _whole_suite(config: pytest.Config) -> bool:
+    """Whether this run is the whole suite (CI's, the README's): no selection of tests."""
+    opt = config.option
+    return (
+        [Path(a).resolve() for a in config.args] in ([], [TESTS])
+        and not opt.keyword
+        and not opt.markexpr
+        and not getattr(opt, "lf", False)
+        and not getattr(opt, "deselect", None)
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After the whole suite: the fault coverage table (tests/faultmatrix.py) from the crash
+    tests' records, written beside the records; the run fails when a cell has no check."""
+    config = session.config
+    records = os.environ.get("EOSINK_TEST_FAULT_COVERAGE")
+    if hasattr(config, "workerinput") or not records or not _whole_suite(config):
+        return
+    import faultmatrix
+
+    found = faultmatrix.read_records(Path(records))
+    out = Path(records) / "table.md"
+    out.write_text(faultmatrix.markdown(found) + "\n")
+    gaps = faultmatrix.missing(found)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter is not None else print
+    say(f"fault coverage table: {out}")
+    if gaps:
+        say(f"fault coverage: {len(gaps)} cell(s) no crash test proves (sink, front end, point):")
+        for cell in gaps:
+            say(f"  {cell}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -160,16 +233,20 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "w")
     proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
     endpoint = f"http://127.0.0.1:{port}"
-    for _ in range(100):
+    # Its start (imports of moto and flask) took over 10 s on a loaded 2-core machine.
+    deadline = time.monotonic() + 60
+    while True:
         try:
             urllib.request.urlopen(endpoint, timeout=1)
             break
         except Exception:
             if proc.poll() is not None:
                 pytest.fail(f"moto_server exited with {proc.returncode}; see {log.name}")
+            if time.monotonic() > deadline:
+                proc.terminate()  # not left running when the fixture fails
+                proc.wait(timeout=10)
+                pytest.fail(f"moto_server did not answer within 60 s; see {log.name}")
             time.sleep(0.1)
-    else:
-        pytest.fail("moto_server did not start")
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     yield endpoint

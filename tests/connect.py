@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import Job
+from harness import Job, kill_session, session_members
 from jvm import FAST_JVM_FLAGS, free_port
 
 TESTS = Path(__file__).resolve().parent
@@ -58,49 +58,6 @@ def spark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
-
-
-def _session_members(sid: int) -> list[int]:
-    """Pids of the live processes of session ``sid`` (field 6 of ``/proc/<pid>/stat``)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            out.append(int(proc.name))
-    return out
-
-
-def _kill_session(sid: int, leader: subprocess.Popen[bytes] | None) -> None:
-    """SIGKILL every process of session ``sid`` (and reap ``leader``, its first process)
-    until none is left (up to 30 s: on a loaded machine a killed JVM's or worker's exit,
-    unmapping gigabytes, can take seconds; seen in a CI rehearsal at 5 s)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        members = _session_members(sid)
-        if not members and (leader is None or leader.poll() is not None):
-            return
-        for pid in members:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        if leader is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                leader.wait(timeout=0.1)
-        else:
-            time.sleep(0.1)
-    left = {pid: _state(pid) for pid in _session_members(sid)}
-    raise ServerError(f"session {sid}: processes (pid: state) {left} survive SIGKILL for 30 s")
-
-
-def _state(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 def _die_with_parent() -> None:
@@ -277,6 +234,16 @@ class ConnectServer:
         _LIVE.add(self)
         try:
             self.wait_ready(timeout)
+        except ServerError:
+            self.kill()
+            # The free port chosen at construction was taken by another process meanwhile
+            # (parallel tests): a server that never served may move to another one.
+            if self.starts == 1 and "Failed to bind to address" in self.tail():
+                self.port = free_port()
+                self.url = f"sc://127.0.0.1:{self.port}"
+                self.start(timeout)
+                return
+            raise
         except BaseException:
             self.kill()
             raise
@@ -331,13 +298,13 @@ class ConnectServer:
 
     def processes(self) -> list[int]:
         """The live processes the server started (its session: the JVM, Python workers)."""
-        return _session_members(self.proc.pid) if self.proc is not None else []
+        return session_members(self.proc.pid) if self.proc is not None else []
 
     def kill(self) -> None:
         """SIGKILL the JVM and every process of its session, at once (a machine losing its
         driver), and any orphans :meth:`kill_jvm` left; returns when none is left."""
         if self.proc is not None:
-            _kill_session(self.proc.pid, self.proc)
+            kill_session(self.proc.pid, self.proc)
             self._end_watchdog(self._watchdog)
             self._watchdog = None
         self.kill_orphans()
@@ -356,16 +323,16 @@ class ConnectServer:
         self.proc.wait()
         self._orphans.append((sid, self._watchdog))
         self._watchdog = None
-        return _session_members(sid)
+        return session_members(sid)
 
     def orphans(self) -> list[int]:
         """The live processes of the sessions of JVMs that :meth:`kill_jvm` killed."""
-        return [pid for sid, _ in self._orphans for pid in _session_members(sid)]
+        return [pid for sid, _ in self._orphans for pid in session_members(sid)]
 
     def kill_orphans(self) -> None:
         while self._orphans:
             sid, watchdog = self._orphans.pop()
-            _kill_session(sid, None)
+            kill_session(sid, None)
             self._end_watchdog(watchdog)
 
     @staticmethod
@@ -483,13 +450,19 @@ class Client:
     the background (its own session: :meth:`finish` kills whatever it left)."""
 
     def __init__(
-        self, url: str, steps: list[dict[str, Any]], log: Path, env: dict[str, str] | None = None
+        self,
+        url: str,
+        steps: list[dict[str, Any]],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.log = log
         with open(log, "w") as fh:
             self.proc = subprocess.Popen(
                 client_command(url, steps),
                 env=env or client_env(),
+                cwd=cwd,
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -532,9 +505,11 @@ def run_client(
     log: Path,
     timeout: float = 300,
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> ClientRun:
-    """Run ``steps`` in one client session (tests/connect_job.py); wait for the client."""
-    return Client(url, steps, log, env).finish(timeout)
+    """Run ``steps`` in one client session (tests/connect_job.py, in the working directory
+    ``cwd``); wait for the client."""
+    return Client(url, steps, log, env, cwd).finish(timeout)
 
 
 class ConnectJob(Job):
@@ -565,6 +540,12 @@ class ConnectJob(Job):
         self.server = server
         self.front = front
         self.step_overrides = dict(step or {})
+
+    @property
+    def coverage_front(self) -> str:
+        """``connect-run-stream``, ``connect-format-batch``...: the fault coverage table's
+        front end (over Spark Connect)."""
+        return f"connect-{self.front}-{self.mode}"
 
     def sink_opts(self) -> dict[str, Any]:
         """The sink's options as tests/crashjob.py builds them."""

@@ -12,7 +12,7 @@ A step (JSON object)::
 
     front       "run" (eosink.run) or "format" (format("eosink"))
     mode        "batch" or "stream"
-    sink        "file", "iceberg" or "kafka"
+    sink        "file", "iceberg", "kafka" or "sql"
     options     the sink's options (path, table, topic, partition_by, ...)
     metastore_url, sink_id, epoch (batch), checkpoint_location (stream): eosink's options
     input       a directory of Parquet files (``harness.make_input``: id, grp, payload),
@@ -24,15 +24,16 @@ A step (JSON object)::
     end         stream: "await" (await_termination / awaitTermination), {"run_s": N} (run N
                 seconds, then stop), or "forever" (sleep until the client is killed,
                 whatever happens to the query)
-    register    format: "eosink" (eosink.register_datasource(spark), default) or "spark"
-                (spark.dataSource.register(EosinkDataSource))
+    register    format: "eosink" (eosink.register_datasource(spark), default), "spark"
+                (spark.dataSource.register(EosinkDataSource)) or "none" (nothing is
+                registered: Spark's own lookup of installed data sources finds it)
     run_options more keyword arguments of eosink.run (commit_mode, new_checkpoint, ...)
     background  stream: start it and go on with the next step; the client finishes the
                 background streams (as ``end`` says) after the last step, in order
     wait_for    a path: the step starts once it exists (the test says when)
     expect_error  go on with the next step if this one raises
 
-Rows go to the file and iceberg sinks as they are (3 Spark partitions); to the kafka sink as
+Rows go to the file, iceberg and sql sinks as they are (3 Spark partitions); to the kafka sink as
 tests/crashjob.py writes them (key = grp, value = the row as JSON, partitioned by key).
 """
 
@@ -168,9 +169,10 @@ def run_step(spark: Any, step: dict[str, Any]) -> Finish:
             }
 
         return finish_run
-    if step.get("register", "eosink") == "eosink":
+    register = step.get("register", "eosink")
+    if register == "eosink":
         eosink.register_datasource(spark)
-    else:
+    elif register == "spark":
         from eosink._datasource import EosinkDataSource
 
         spark.dataSource.register(EosinkDataSource)

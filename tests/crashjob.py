@@ -1,7 +1,9 @@
 """A Spark driver program that the crash tests start, kill with SIGKILL and restart.
 
 It writes the Parquet files of --input to a sink (file, iceberg, kafka or sql) exactly once, as a
-batch job (one explicit epoch) or a stream (one micro-batch per input file), then exits 0.
+batch job (one explicit epoch) or a stream (one micro-batch per input file), through
+``eosink.run`` (modes ``batch``, ``stream``) or ``format("eosink")`` (``ds-batch``,
+``ds-stream``), then exits 0.
 With ``--source kafka`` the stream reads a Kafka topic instead (Spark's Kafka connector,
 ``read_committed``, a few records per micro-batch; the connector's jars come with
 ``--jars``). It prints nothing the tests rely on; they check the output with independent
@@ -81,7 +83,7 @@ def _kafka_rows(df, batch: bool):  # type: ignore[no-untyped-def]
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["batch", "stream", "ds-stream"], required=True)
+    p.add_argument("--mode", choices=["batch", "stream", "ds-stream", "ds-batch"], required=True)
     p.add_argument("--input", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--checkpoint", required=True)
@@ -147,12 +149,18 @@ def main() -> int:
         opts["writer"] = a.writer
     if a.sink_options:
         opts.update(json.loads(a.sink_options))
-    if a.mode == "batch":
+    if a.mode in ("batch", "ds-batch"):
         df = spark.read.schema(schema).parquet(a.input)
         df = _kafka_rows(df, batch=True) if a.sink == "kafka" else _sql_rows(df, opts)
         df = df if a.sink == "kafka" else df.repartition(3)
-        r = eosink.run(df, sink=a.sink, epoch=5, **opts)
-        print("RESULT", r, flush=True)
+        if a.mode == "batch":
+            r = eosink.run(df, sink=a.sink, epoch=5, **opts)
+            print("RESULT", r, flush=True)
+        else:
+            w = df.write.format("eosink").option("sink", a.sink).option("epoch", "5")
+            for k, v in opts.items():
+                w = w.option(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v))
+            w.mode("append").save()
     elif a.mode == "stream":
         if a.source == "kafka":
             sdf = _kafka_source(spark, a)

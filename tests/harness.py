@@ -40,18 +40,28 @@ def status_json(url: str, capsys: Any) -> dict[str, Any]:
     return dict(sink)
 
 
-def make_input(directory: Path, files: int = 4, rows: int = 300, pad: int = 0) -> list[int]:
+def make_input(
+    directory: Path,
+    files: int = 4,
+    rows: int = 300,
+    pad: int = 0,
+    empty: frozenset[int] = frozenset(),
+) -> list[int]:
     """Parquet input files with distinct ids; returns every id.
 
     Streaming crash jobs read one file per micro-batch: 4 files give the 4 epochs the fault
     points (``point@N``, at most N=3) need; more rows or files prove nothing more. ``pad``
     makes each row's payload ``pad`` characters longer (:func:`payload`), for outputs that
-    must reach a size (S3 parts of 5 MiB) with few rows.
+    must reach a size (S3 parts of 5 MiB) with few rows. The files numbered in ``empty``
+    hold no row (their micro-batches are empty). Their modification times increase with
+    their names: Spark's file source takes files by modification time, and files written
+    within one clock tick would come in any order (micro-batch N reads file N).
     """
     directory.mkdir(parents=True, exist_ok=True)
     ids: list[int] = []
+    now = time.time()
     for f in range(files):
-        chunk = list(range(f * rows, (f + 1) * rows))
+        chunk = [] if f in empty else list(range(f * rows, (f + 1) * rows))
         ids += chunk
         pq.write_table(
             pa.table(
@@ -63,7 +73,180 @@ def make_input(directory: Path, files: int = 4, rows: int = 300, pad: int = 0) -
             ),
             directory / f"in-{f:03d}.parquet",
         )
+        os.utime(directory / f"in-{f:03d}.parquet", (now - 1000 + f, now - 1000 + f))
     return ids
+
+
+# -- change streams: an oracle that sees every epoch ---------------------------------------
+HOT_KEYS = ("h0", "h1", "h2")
+"""The keys a change stream changes again and again (:func:`cdc_keys`)."""
+
+
+def cdc_keys(f: int, rows: int) -> list[str]:
+    """The key (``grp``) of each row of change file ``f`` (ids ``f * rows`` onwards; every id
+    that is a multiple of 7 deletes its key, the largest id of a key in a file wins).
+
+    Most rows insert a key of their own (``u<id>``) that no other row touches: an epoch lost,
+    skipped "as committed" or never applied leaves its keys missing. Each hot key
+    (:data:`HOT_KEYS`) is changed three times in most epochs (skipped in every fifth), its
+    winning change alternating between deletes and upserts from epoch to epoch (deleted, then
+    inserted again): the final row of a hot key is its last epoch's winner, so an old epoch
+    applied after a newer one leaves a wrong row. Needs ``rows`` >= 24.
+    """
+    ids = list(range(f * rows, (f + 1) * rows))
+    keys = {i: f"u{i}" for i in ids}
+    free = sorted(ids, reverse=True)
+    for k, hot in enumerate(HOT_KEYS):
+        if (f + k) % 5 == 4:
+            continue
+        delete = (f + k) % 2 == 0
+        winner = next(i for i in free if (i % 7 == 0) == delete)
+        free.remove(winner)
+        keys[winner] = hot
+        for _ in range(2):  # two earlier changes of the key within the epoch
+            earlier = next(i for i in free if i < winner)
+            free.remove(earlier)
+            keys[earlier] = hot
+    return [keys[i] for i in ids]
+
+
+def make_cdc_input(directory: Path, files: int = 4, rows: int = 40) -> list[int]:
+    """Change files (``id``, ``grp`` the key, ``payload``) as :func:`make_input` names them,
+    keyed by :func:`cdc_keys`, with increasing modification times (Spark's file source takes
+    files by modification time, and a change stream's final state depends on their order).
+    Returns every id."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ids: list[int] = []
+    now = time.time()
+    for f in range(files):
+        chunk = list(range(f * rows, (f + 1) * rows))
+        ids += chunk
+        path = directory / f"in-{f:03d}.parquet"
+        pq.write_table(
+            pa.table(
+                {
+                    "id": pa.array(chunk, pa.int64()),
+                    "grp": cdc_keys(f, rows),
+                    "payload": [payload(i) for i in chunk],
+                }
+            ),
+            path,
+        )
+        os.utime(path, (now - 1000 + f, now - 1000 + f))
+    return ids
+
+
+def cdc_state(directory: Path) -> list[tuple[int, str, str]]:
+    """The final state of the change files in ``directory`` applied in name order, one epoch
+    each: per key the largest id of a file wins, a multiple of 7 deletes the key. Rows
+    ``(id, grp, payload)``."""
+    state: dict[str, tuple[int, str, str]] = {}
+    for f in sorted(directory.glob("*.parquet")):
+        last: dict[str, dict[str, Any]] = {}
+        for r in pq.read_table(f).to_pylist():
+            if r["grp"] not in last or r["id"] > last[r["grp"]]["id"]:
+                last[r["grp"]] = r
+        for grp, r in last.items():
+            if r["id"] % 7 == 0:
+                state.pop(grp, None)
+            else:
+                state[grp] = (r["id"], r["grp"], r["payload"])
+    return sorted(state.values())
+
+
+def check_commits_at_target(epochs_at_target: list[int], expected: list[int]) -> None:
+    """Each epoch is in exactly one commit at the target, in epoch order (the target's own
+    record: Iceberg snapshot summaries, the sql sink's ``sql_epochs``): an upsert epoch
+    applied twice, or an old one after a newer one, leaves the final table unchanged but
+    shows here."""
+    assert epochs_at_target == sorted(expected), (
+        f"the target's commits hold epochs {epochs_at_target}, expected each of "
+        f"{sorted(expected)} once, in order"
+    )
+
+
+# -- processes: a driver and everything it started -------------------------------------
+def session_members(sid: int) -> list[int]:
+    """Pids of the live processes of session ``sid`` (field 6 of ``/proc/<pid>/stat``): a
+    driver started with ``start_new_session`` and everything it started, pyspark's daemon
+    and its Python workers included (the daemon moves to a process group of its own, not
+    to another session)."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            out.append(int(proc.name))
+    return out
+
+
+def _state_of(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def kill_session(sid: int, leader: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL every process of session ``sid`` (and reap ``leader``, its first process)
+    until none is left (up to 30 s: on a loaded machine a killed JVM's or worker's exit,
+    unmapping gigabytes, can take seconds; seen in a CI rehearsal at 5 s)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        members = session_members(sid)
+        if not members and (leader is None or leader.poll() is not None):
+            return
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if leader is not None:
+            try:
+                leader.wait(timeout=0.1)
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            time.sleep(0.1)
+    left = {pid: _state_of(pid) for pid in session_members(sid)}
+    raise RuntimeError(f"session {sid}: processes (pid: state) {left} survive SIGKILL for 30 s")
+
+
+def _driver_points(fault: str | None) -> bool:
+    """Whether ``fault`` (``EOSINK_FAULT``'s value) arms driver points only."""
+    from eosink.faults import EXECUTOR_FAULT_POINTS
+
+    names = [f.split("@")[0].strip() for f in (fault or "").split(",") if f.strip()]
+    return bool(names) and not set(names) & set(EXECUTOR_FAULT_POINTS)
+
+
+# -- fault coverage: which real kill proved which point (tests/faultmatrix.py) --------------
+FRONTS = {
+    "stream": "run-stream",
+    "batch": "run-batch",
+    "ds-stream": "format-stream",
+    "ds-batch": "format-batch",
+}
+"""tests/crashjob.py's modes as the fault coverage table's front ends."""
+
+
+def record_coverage(sink: str, front: str, points: list[str]) -> None:
+    """Note that the running test killed ``sink`` (the table's sink: ``sql-pg``,
+    ``rolling``...) through ``front`` at ``points`` (``point`` or ``point:site``) and
+    asserted it; conftest sets ``EOSINK_TEST_FAULT_COVERAGE`` to the run's record directory
+    and checks the table at the end of a whole-suite run."""
+    where = os.environ.get("EOSINK_TEST_FAULT_COVERAGE")
+    if not where:
+        return
+    test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" (", 1)[0]
+    with open(Path(where) / f"{os.getpid()}.jsonl", "a") as fh:
+        for point in points:
+            fh.write(json.dumps({"sink": sink, "front": front, "point": point, "test": test}))
+            fh.write("\n")
 
 
 class Job:
@@ -148,28 +331,44 @@ class Job:
         """
         log = self.tmp / f"run-{len(self.logs)}.log"
         self.saw_pending = False
-        proc = self.spawn(str(len(self.logs)), fault)
+        # format("eosink") runs eosink's driver side in Spark's Python workers: a point armed
+        # there freezes its worker (SIGSTOP), and the whole driver (Python, JVM, workers) is
+        # killed at once, as a driver machine dies; not the worker alone, which Spark would
+        # report as a failed query while the JVM lives on.
+        whole = self.mode.startswith("ds-") and _driver_points(fault)
+        proc = self.spawn(str(len(self.logs)), fault, stop=whole)
         try:
             if kill_in_protocol is not None:
                 self._wait_for_protocol(proc, timeout)
                 kill_after = kill_in_protocol
-            code = proc.wait(timeout=kill_after if kill_after is not None else timeout)
+            if whole:
+                code = self._kill_when_fired(proc, timeout)
+            else:
+                code = proc.wait(timeout=kill_after if kill_after is not None else timeout)
         except subprocess.TimeoutExpired:
+            kill_session(proc.pid, proc)
             if kill_after is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
                 raise AssertionError(f"driver timed out; log {log}") from None
-            os.killpg(proc.pid, signal.SIGKILL)
             code = proc.wait()
         finally:
             # The driver is gone: make sure its JVM and Python workers are too.
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            time.sleep(0.2)
+            kill_session(proc.pid, proc)
         self.logs.append(log.read_text())
         return code
+
+    def _kill_when_fired(self, proc: subprocess.Popen[bytes], timeout: float) -> int:
+        """Wait until an armed point fired in any process of the driver (its mark appears),
+        then SIGKILL every process of the driver; the driver's exit code (-9), or the code
+        it exited with if it ended first."""
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            if any(self.marks.iterdir()):
+                kill_session(proc.pid, proc)
+                break
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.argv(), timeout)
+            time.sleep(0.02)
+        return proc.wait()
 
     def spawn(
         self, name: str, fault: str | None = None, stop: bool = False
@@ -308,10 +507,7 @@ class Job:
         finally:
             hold.unlink(missing_ok=True)
             for p in procs:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                kill_session(p.pid, p)
             for fh in handles:
                 fh.close()
         logs = [p.read_text() for p in paths]
@@ -337,6 +533,58 @@ class Job:
     def fired(self) -> list[str]:
         """The fault points that killed a process during the last run."""
         return sorted(p.name.split(".")[0] for p in self.marks.iterdir())
+
+    def fired_sites(self) -> list[str]:
+        """The fault points that fired in the last run, each as ``point:site`` where the
+        point names its site (``mid_commit:held``), else ``point``."""
+        out = []
+        for p in self.marks.iterdir():
+            site = p.read_text().strip()
+            out.append(f"{p.name.split('.')[0]}:{site}" if site else p.name.split(".")[0])
+        return sorted(out)
+
+    def assert_fired(self, fault: str, code: int | None = None) -> None:
+        """The last run reached ``fault`` (``point`` or ``point@N``) and nothing else; a
+        driver point killed the whole driver (``code`` -9, when given), an executor point
+        only a task's worker (the driver finished: ``code`` 0, when given). Records the kill
+        for the fault coverage table (tests/faultmatrix.py)."""
+        from eosink.faults import EXECUTOR_FAULT_POINTS
+
+        point = fault.split("@")[0]
+        fired = self.fired()
+        if point in EXECUTOR_FAULT_POINTS:
+            assert point in fired, f"fault {fault} not reached ({fired}):\n{self.last_log()}"
+            assert code in (None, 0), f"the driver failed (exit {code}):\n{self.last_log()}"
+        else:
+            assert fired == [point], f"fault {fault} not reached ({fired}):\n{self.last_log()}"
+            assert code in (None, -signal.SIGKILL), (
+                f"the driver survived {fault} (exit {code}):\n{self.last_log()}"
+            )
+        record_coverage(
+            self.coverage_sink,
+            self.coverage_front,
+            [f for f in self.fired_sites() if f.split(":")[0] == point],
+        )
+
+    @property
+    def coverage_front(self) -> str:
+        """The front end of the fault coverage table this job drives (:data:`FRONTS`)."""
+        return FRONTS[self.mode]
+
+    @property
+    def coverage_sink(self) -> str:
+        """The sink as the fault coverage table names it: ``rolling`` for the file sink with
+        files that span epochs, ``sql-pg`` / ``sql-sqlite`` by the sql sink's target."""
+        sink = self.extra.get("sink", "file")
+        opts = self.sink_options
+        if sink == "file" and any(
+            opts.get(k) is not None
+            for k in ("max_row_count", "max_file_bytes", "rollover_seconds", "inactivity_seconds")
+        ):
+            return "rolling"
+        if sink == "sql":
+            return "sql-sqlite" if str(opts.get("url", "")).startswith("sqlite") else "sql-pg"
+        return sink
 
     @property
     def target(self) -> str:
@@ -368,7 +616,7 @@ class Job:
 
         key = hashlib.sha1(self.sink_id.encode()).hexdigest()[:16]  # the sink's own naming
         staging = self.sink_options.get("staging_path")
-        if staging is None and self.mode == "batch":
+        if staging is None and self.mode in ("batch", "ds-batch"):
             machine = getattr(self, "machine", None)  # a driver "on another machine"
             home = machine / "home" / ".eosink" if machine else Path(os.environ["EOSINK_HOME"])
             staging = str(home / "kafka-staging")
@@ -404,6 +652,17 @@ class Job:
 
     def last_log(self) -> str:
         return self.logs[-1][-6000:] if self.logs else ""
+
+
+def crash_chain(job: Job, faults: list[str]) -> None:
+    """Kill the driver at each fault point of ``faults`` in turn (``point`` or ``point@N``;
+    each restart armed with the next point after it recovered from the previous crash:
+    points of one chain fire in successive runs), asserting that each fired and killed the
+    whole driver; then run it to the end (exit 0)."""
+    for fault in faults:
+        code = job.run(fault=fault)
+        job.assert_fired(fault, code)
+    assert job.run() == 0, job.last_log()
 
 
 def run_with_random_kills(
@@ -569,7 +828,7 @@ def expected_epochs(job: Job) -> list[int]:
     checkpoint lists them (epoch = batch id; a batch retried after a crash keeps its id).
     Not one per input file: a micro-batch planned again after a crash may take two files
     (``maxFilesPerTrigger`` with ``availableNow``), as CI saw."""
-    if job.mode == "batch":
+    if job.mode in ("batch", "ds-batch"):
         return [5]
     offsets = job.checkpoint / "offsets"
     return sorted(int(p.name) for p in offsets.iterdir() if p.name.isdigit())

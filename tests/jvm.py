@@ -36,6 +36,8 @@ KAFKA_VERSION = "4.1.1"
 KAFKA = f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}"
 # Kafka logs through SLF4J 1.7: log4j2 prints it (Kafka's own scripts ship the same binding).
 KAFKA_RUNTIME = [KAFKA, "org.apache.logging.log4j:log4j-slf4j-impl:2.24.3"]
+KAFKA_TOOLS = [f"org.apache.kafka:kafka-tools:{KAFKA_VERSION}", *KAFKA_RUNTIME]
+"""Kafka's command line tools (``kafka-console-consumer``'s class among them)."""
 
 # JVM flags that make short-lived test JVMs start faster and use less memory.
 FAST_JVM_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
@@ -286,6 +288,38 @@ class KafkaBroker:
     def stop(self) -> None:
         self.kill()
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def console_consume(self, topic: str, isolation: str = "read_committed") -> list[str]:
+        """The values of every record of ``topic`` as Kafka's own Java console consumer
+        (``kafka-console-consumer --from-beginning --isolation-level ...``) prints them:
+        an independent reader beside the tests' confluent-kafka (librdkafka) one."""
+        cmd = self._java(
+            "org.apache.kafka.tools.consumer.ConsoleConsumer",
+            "--bootstrap-server",
+            self.bootstrap,
+            "--topic",
+            topic,
+            "--from-beginning",
+            "--isolation-level",
+            isolation,
+            "--timeout-ms",
+            "5000",  # idle this long after the last record: the end of the topic
+        )
+        cmd[cmd.index("-cp") + 1] = classpath(KAFKA_TOOLS)
+        tools_log = self.root / "log4j2-tools.yaml"  # the tool's own logs: not on stdout
+        tools_log.write_text(
+            "Configuration:\n  Appenders:\n    Console:\n      name: STDERR\n"
+            "      target: SYSTEM_ERR\n      PatternLayout:\n        pattern: '%p %m%n'\n"
+            "  Loggers:\n    Root:\n      level: WARN\n"
+            "      AppenderRef:\n        - ref: STDERR\n"
+        )
+        cmd = [
+            f"-Dlog4j2.configurationFile={tools_log}" if a.startswith("-Dlog4j2") else a
+            for a in cmd
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        assert "Processed a total of" in proc.stderr, proc.stderr[-3000:]
+        return [line for line in proc.stdout.splitlines() if line.strip()]
 
     def create_topic(self, name: str, partitions: int = 1, **config: str) -> None:
         from confluent_kafka.admin import AdminClient, NewTopic

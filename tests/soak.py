@@ -9,8 +9,12 @@ Each *run* is one job of the crash-test driver (``tests/crashjob.py``: a stream 
 micro-batch per input file, or a batch job, alternating) on fresh input, output and state.
 The driver is killed (SIGKILL of its whole process group: Python, JVM and Python workers) at
 a random instant, restarted and killed again, up to ``--max-kills-per-run`` times, then
-allowed to finish. Three quarters of the instants (``--protocol-share``) are drawn from the
-first change of the sink's meta store rows in that run (0..``--protocol-window`` s after it;
+allowed to finish. About half of the restarts (``--move-share``) run on another machine: a
+new ``HOME`` (with the SQLite meta store, the machine's default store under it: a new,
+empty one), ``TMPDIR`` and working directory; only the checkpoint and the target are
+shared, as on a cluster whose driver is restarted elsewhere (PostgreSQL stays shared).
+Three quarters of the instants (``--protocol-share``) are drawn from the first change of the
+sink's meta store rows in that run (0..``--protocol-window`` s after it;
 with the instants of the other draws that land late, most kills hit the protocol), the others
 from the driver's start (``--min-kill``..``--max-kill`` s), which may land in Spark's start-up.
 An independent reader (pyarrow for files, a pyiceberg scan for Iceberg, a ``read_committed``
@@ -18,19 +22,24 @@ consumer for Kafka, plain SQL for the sql sink) then compares the output with th
 by row. Sinks: ``file``, ``rolling`` (the file sink with files that span epochs: one rolls
 every second micro-batch), ``iceberg``, ``kafka`` (a topic of a broker the soak starts),
 ``sql`` (appends to a table of a PostgreSQL server the soak starts, a new database per run)
-and ``sql-cdc`` (the same sink upserting a change stream, every 7th row a delete; keyed by
-``grp`` in half the runs, where an epoch lost or applied out of order leaves a wrong final
-row, by ``id`` in the others, where any epoch lost leaves rows missing: the table must hold
-the final state computed from the input, row for row). One line per sink sums it up::
+and ``sql-cdc`` (the same sink upserting a change stream, every 7th row a delete, over
+``harness.make_cdc_input``'s change files: keyed by ``grp`` in half the runs, where hot keys
+change in every epoch and most rows insert a key of their own, by ``id`` in the others; the
+table must hold the final state computed from the input, row for row: an epoch lost leaves
+keys missing, an old epoch applied after a newer one a hot key's wrong row). The sql and
+iceberg sinks' own records of their commits (``sql_epochs``, snapshot summaries) must hold
+each epoch once, in order: an upsert epoch applied twice leaves the table as it was, but not
+that record. One line per sink sums it up::
 
-    file     runs=61 kills=203 in_protocol=151 rows=146400 lost=0 duplicated=0 leftovers=0 ...
+    file     runs=61 kills=203 in_protocol=151 moves=97 rows=146400 lost=0 duplicated=0 ...
 
 ``in_protocol``: kills that landed after the sink's meta store rows changed in that run (the
 others hit Spark's start-up); ``lost``: input ids missing from the output (for ``sql-cdc``:
 rows of the expected final state missing or different); ``duplicated``: extra copies of ids;
-``leftovers``: staged files, orphaned data files, staging tables, and PENDING or ABORTED
-epochs left in the meta store after the final run. The exit code is 1 when any of them is
-not 0 or a final run failed.
+``misapplied``: runs whose target's record of commits does not hold each epoch once, in
+order (sql, sql-cdc, iceberg); ``leftovers``: staged files, orphaned data files, staging
+tables, and PENDING or ABORTED epochs left in the meta store after the final run. The exit
+code is 1 when any of them is not 0 or a final run failed.
 """
 
 from __future__ import annotations
@@ -52,8 +61,11 @@ sys.path.insert(0, str(TESTS))
 
 from harness import (  # noqa: E402
     Job,
+    cdc_state,
     epoch_states,
+    expected_epochs,
     kafka_sink_options,
+    make_cdc_input,
     make_input,
     read_ids,
     read_topic,
@@ -69,9 +81,11 @@ class Tally:
     runs: int = 0
     kills: int = 0
     in_protocol: int = 0
+    moves: int = 0
     rows: int = 0
     lost: int = 0
     duplicated: int = 0
+    misapplied: int = 0
     leftovers: int = 0
     failed: int = 0
     seconds: float = 0.0
@@ -79,40 +93,47 @@ class Tally:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.leftovers or self.failed)
+        return not (
+            self.lost or self.duplicated or self.misapplied or self.leftovers or self.failed
+        )
 
     def line(self) -> str:
         m, s = divmod(int(self.seconds), 60)
         return (
             f"{self.sink:<8} runs={self.runs} kills={self.kills} in_protocol={self.in_protocol} "
-            f"rows={self.rows} "
-            f"lost={self.lost} duplicated={self.duplicated} leftovers={self.leftovers} "
+            f"moves={self.moves} rows={self.rows} "
+            f"lost={self.lost} duplicated={self.duplicated} misapplied={self.misapplied} "
+            f"leftovers={self.leftovers} "
             f"failed={self.failed} time={m}m{s:02d}s"
         )
 
 
-def _read(job: Job, sink: str) -> tuple[list[int], list[str]]:
-    """(ids in the output, leftovers) as an independent reader sees them: pyarrow for files
-    (staged files left), a pyiceberg scan for Iceberg (data files no snapshot references),
-    a ``read_committed`` consumer for Kafka (staged chunks left), plain SQL for the sql
-    sink (staging tables left; for ``sql-cdc`` a row that differs from the expected final
-    state is left out of the ids, so it counts as lost)."""
+def _read(job: Job, sink: str) -> tuple[list[int], list[str], list[int] | None]:
+    """(ids in the output, leftovers, epochs of the target's commits in order) as an
+    independent reader sees them: pyarrow for files (staged files left), a pyiceberg scan
+    for Iceberg (data files no snapshot references; the epochs of the snapshots), a
+    ``read_committed`` consumer for Kafka (staged chunks left), plain SQL for the sql sink
+    (staging tables left, ``sql_epochs``; for ``sql-cdc`` a row that differs from the
+    expected final state is left out of the ids, so it counts as lost). The epochs are None
+    for sinks that keep no record of each commit."""
     if sink in ("sql", "sql-cdc"):
         from test_sql_crash import _read as read_table
 
-        rows, staged = read_table(job.sink_options["url"])
+        rows, staged, epochs = read_table(job.sink_options["url"])
         want = set(_sql_expected(job))
-        return [r[0] for r in rows if r in want], [f"staging table {t}" for t in staged]
+        return [r[0] for r in rows if r in want], [f"staging table {t}" for t in staged], epochs
     if sink in ("file", "rolling"):
-        return read_ids(job.out), staged_files(job.out)
+        return read_ids(job.out), staged_files(job.out), None
     if sink == "kafka":
         records = read_topic(job.sink_options["bootstrap_servers"], job.sink_options["topic"])
         ids = [int(json.loads(r.value)["id"]) for r in records if r.value is not None]
-        return ids, job.kafka_staged()
+        return ids, job.kafka_staged(), None
     from test_iceberg import iceberg_rows, orphan_files
+    from test_iceberg_cdc import snapshot_epochs
 
     opts = job.iceberg_options()
-    return [int(r["id"]) for r in iceberg_rows(opts)], orphan_files(opts)
+    rows = [int(r["id"]) for r in iceberg_rows(opts)]
+    return rows, orphan_files(opts), snapshot_epochs(opts, job.sink_id)
 
 
 def _sql_expected(job: Job) -> list[tuple[int, str, str]]:
@@ -120,11 +141,11 @@ def _sql_expected(job: Job) -> list[tuple[int, str, str]]:
     appends; for a change stream the final state (keyed by ``grp``: each key's row of the
     largest id unless that id is a multiple of 7, a delete; keyed by ``id``: every row but
     the deleted ones)."""
-    from test_sql_crash import _appended, _cdc_state
+    from test_sql_crash import _appended
 
     keys = job.sink_options.get("keys")
     if keys == ["grp"]:
-        return _cdc_state(job)
+        return cdc_state(job.input)
     rows = _appended(job)
     return [r for r in rows if r[0] % 7] if keys == ["id"] else rows
 
@@ -166,6 +187,24 @@ def make_job(
     return Job(tmp, mode, metastore, sink=sink)
 
 
+@dataclass
+class Run:
+    """What one run of :func:`one_run` gave."""
+
+    kills: int
+    in_protocol: int
+    expected: list[int]
+    got: list[int] = field(default_factory=list)
+    leftovers: list[str] = field(default_factory=list)
+    misapplied: bool = False
+    """The target's record of commits does not hold each epoch once, in order."""
+    ok: bool = False
+    """The final run finished (exit 0)."""
+    log: str = ""
+    moves: int = 0
+    """Restarts on another machine."""
+
+
 def one_run(
     tmp: Path,
     sink: str,
@@ -176,22 +215,23 @@ def one_run(
     kafka: Any = None,
     run: int = 0,
     target: str | None = None,
-) -> tuple[int, int, list[int], list[int], list[str], bool, str]:
-    """One job killed up to N times then finished.
-
-    Returns (kills, kills in protocol, expected, got, leftovers, ok, log); a kill is *in
-    protocol* when the sink's meta store rows had changed in that run when it landed (the
-    others hit Spark's or Python's start-up, which proves less).
-    """
+) -> Run:
+    """One job killed up to N times then finished; a kill is *in protocol* when the sink's
+    meta store rows had changed in that run when it landed (the others hit Spark's or
+    Python's start-up, which proves less)."""
     job = make_job(tmp, sink, mode, metastore, args, kafka, run, target)
-    expected = make_input(job.input, files=args.files, rows=args.rows)
+    job.on_machine("m0")
+    moves = 0
     if sink == "sql-cdc":
-        from test_sql_crash import _in_name_order
-
-        _in_name_order(job)  # the final state depends on the epochs' order
+        make_cdc_input(job.input, files=args.files, rows=args.rows)
         expected = [r[0] for r in _sql_expected(job)]
+    else:
+        expected = make_input(job.input, files=args.files, rows=args.rows)
     kills = in_protocol = 0
-    for _ in range(args.max_kills_per_run):
+    for n in range(args.max_kills_per_run):
+        if n and rng.random() < args.move_share:
+            moves += 1  # the restart runs on another machine: new HOME, TMPDIR, cwd
+            job.on_machine(f"m{moves}")
         before = job._state()
         if rng.random() < args.protocol_share:
             code = job.run(kill_in_protocol=rng.uniform(0.0, args.protocol_window))
@@ -200,18 +240,22 @@ def one_run(
         if code == 0:
             break  # it finished before the instant drawn
         if code != -9:
-            return kills, in_protocol, expected, [], [], False, job.last_log()
+            return Run(kills, in_protocol, expected, log=job.last_log())
         kills += 1
         in_protocol += job._state() != before
+    if kills and rng.random() < args.move_share:
+        moves += 1
+        job.on_machine(f"m{moves}")
     code = job.run()
     if code != 0:
-        return kills, in_protocol, expected, [], [], False, job.last_log()
-    got, files = _read(job, sink)
-    states = epoch_states(metastore, job.sink_id)
+        return Run(kills, in_protocol, expected, log=job.last_log(), moves=moves)
+    got, files, at_target = _read(job, sink)
+    states = epoch_states(job.metastore_url, job.sink_id)
     leftovers = files + [
         f"{s} epoch {e}" for s in ("PENDING", "ABORTED") for e in states.get(s, [])
     ]
-    return kills, in_protocol, expected, sorted(got), leftovers, True, ""
+    misapplied = at_target is not None and at_target != expected_epochs(job)
+    return Run(kills, in_protocol, expected, sorted(got), leftovers, misapplied, True, moves=moves)
 
 
 def soak(
@@ -225,7 +269,9 @@ def soak(
     ):
         mode = "stream" if tally.runs % 2 == 0 else "batch"
         tmp = Path(tempfile.mkdtemp(prefix=f"eosink-soak-{sink}-"))
-        metastore = metastore_url or f"sqlite:///{tmp / 'metastore.db'}"
+        # SQLite: each machine's own default store (under its HOME; a driver that moves to
+        # another machine starts without it, as on a cluster); PostgreSQL: shared.
+        metastore = metastore_url or "default"
         if metastore_url and "postgres" in metastore_url:
             from conftest import create_pg_database
 
@@ -236,22 +282,23 @@ def soak(
 
             target = create_pg_database()
             (tmp / "target-database.txt").write_text(target + "\n")
-        kills, in_protocol, expected, got, leftovers, ok, log = one_run(
-            tmp, sink, mode, metastore, rng, args, kafka, tally.runs, target
-        )
+        r = one_run(tmp, sink, mode, metastore, rng, args, kafka, tally.runs, target)
         tally.runs += 1
-        tally.kills += kills
-        tally.in_protocol += in_protocol
+        tally.kills += r.kills
+        tally.in_protocol += r.in_protocol
+        tally.moves += r.moves
         tally.rows += args.files * args.rows
-        if not ok:
+        if not r.ok:
             tally.failed += 1
-            tally.notes.append(f"run {tally.runs} ({mode}) failed, kept {tmp}:\n{log[-2000:]}")
+            tally.notes.append(f"run {tally.runs} ({mode}) failed, kept {tmp}:\n{r.log[-2000:]}")
         else:
-            counts = collections.Counter(got)
-            tally.lost += len(set(expected) - set(counts))
+            counts = collections.Counter(r.got)
+            tally.lost += len(set(r.expected) - set(counts))
             tally.duplicated += sum(c - 1 for c in counts.values() if c > 1)
-            tally.leftovers += len(leftovers)
-            if set(counts) != set(expected) or len(got) != len(expected) or leftovers:
+            tally.misapplied += r.misapplied
+            tally.leftovers += len(r.leftovers)
+            wrong = set(counts) != set(r.expected) or len(r.got) != len(r.expected)
+            if wrong or r.misapplied or r.leftovers:
                 tally.notes.append(f"run {tally.runs} ({mode}) wrong output, kept {tmp}")
             elif not args.keep:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -289,6 +336,14 @@ def main(argv: list[str] | None = None) -> int:
         help="those kills land 0..N s after that change (default 3)",
     )
     p.add_argument("--max-kills-per-run", type=int, default=4)
+    p.add_argument(
+        "--move-share",
+        type=float,
+        default=0.5,
+        help="share of restarts on another machine: new HOME (so a new default SQLite meta "
+        "store), TMPDIR and working directory; only the checkpoint and the target shared "
+        "(default 0.5)",
+    )
     p.add_argument("--seed", default="soak")
     p.add_argument("--keep", action="store_true", help="keep every run's directory")
     args = p.parse_args(argv)

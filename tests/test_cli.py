@@ -132,6 +132,7 @@ def test_status_hides_passwords_and_reports_unreachable() -> None:
     assert "unreachable" in res.stderr and "hunter2" not in res.stderr + res.stdout
 
 
+@pytest.mark.release  # the demo's own path is test_demo_runs_end_to_end's; this adds Iceberg
 def test_demo_iceberg(tmp_path: Path) -> None:
     res = _cli("demo", "--sink", "iceberg", "--dir", str(tmp_path), "--rows", "900")
     assert "verify batch: 900 rows read back, exactly once" in res.stdout
@@ -145,8 +146,10 @@ def test_owner_liveness_and_option_parsing() -> None:
     non-process owner) and ``eosink recover``'s ``--option`` / ``--options-json`` parsing."""
     import argparse
     import socket
+    import time
 
     from eosink._cli import _sink_options, owner_alive
+    from eosink._metastore import HEARTBEAT_STALE_SECONDS
 
     host = socket.gethostname()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -159,6 +162,11 @@ def test_owner_liveness_and_option_parsing() -> None:
     assert owner_alive(f"{host}:{os.getpid()}") is False  # this command itself
     assert owner_alive(f"another-{host}:1") is None
     assert owner_alive("me@host (eosink abandon)") is None
+    # A format("eosink") stream's micro-batch coordinator has exited; its heartbeat tells.
+    fmt = f"{host}:{child.pid} (format stream)"
+    assert owner_alive(fmt, time.time()) is True
+    assert owner_alive(fmt, time.time() - HEARTBEAT_STALE_SECONDS - 1) is False
+    assert owner_alive(fmt, None) is None
 
     def ns(option: list[str] | None, js: str | None = None) -> argparse.Namespace:
         return argparse.Namespace(option=option, options_json=js)

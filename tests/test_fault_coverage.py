@@ -1,72 +1,71 @@
-"""Every fault point of the code is fired by at least one crash test (a real SIGKILL or
-SIGSTOP of a driver or an executor), so that a point added without its crash case, or a
-case dropped, fails here rather than going unnoticed (issue 24)."""
+"""The fault coverage table's static half (tests/faultmatrix.py): every fault point of the
+code is declared, every declaration of an unreachable cell names cells that exist, and the
+table's logic classifies cells as it says.
+
+The table itself is built from what the crash tests killed and asserted, at the end of a
+whole-suite run (conftest's ``pytest_sessionfinish``), and the run fails when a cell has no
+check."""
 
 from __future__ import annotations
 
-import ast
-import re
-from pathlib import Path
+import fnmatch
+
+import faultmatrix as fm
+from faultmatrix import Record
 
 from eosink.faults import DRIVER_FAULT_POINTS, EXECUTOR_FAULT_POINTS
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _points_in_code() -> set[str]:
-    """The names of every ``fault_point("...")`` call of eosink and the built-in plugins."""
-    names: set[str] = set()
-    for path in [*ROOT.joinpath("eosink").rglob("*.py"), *ROOT.joinpath("plugins").rglob("*.py")]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if (
-                isinstance(node, ast.Call)
-                and getattr(node.func, "id", getattr(node.func, "attr", None)) == "fault_point"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-            ):
-                names.add(str(node.args[0].value))
-    return names
-
-
-def _crash_test_strings() -> str:
-    """The string literals (docstrings left out) of the test modules that kill real
-    processes (``crash`` mark)."""
-    out: list[str] = []
-    for path in ROOT.joinpath("tests").glob("test_*.py"):
-        text = path.read_text()
-        if "pytest.mark.crash" not in text:
-            continue
-        tree = ast.parse(text)
-        docstrings = {
-            id(body[0].value)
-            for node in ast.walk(tree)
-            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
-            and (body := node.body)
-            and isinstance(body[0], ast.Expr)
-        }
-        for node in ast.walk(tree):
-            if (
-                isinstance(node, ast.Constant)
-                and isinstance(node.value, str)
-                and id(node) not in docstrings
-            ):
-                out.append(node.value)
-    return "\n".join(out)
 
 
 def test_every_fault_point_is_declared() -> None:
     declared = set(DRIVER_FAULT_POINTS) | set(EXECUTOR_FAULT_POINTS)
-    in_code = _points_in_code()
+    in_code = {s.point for s in fm.sites_in_code()}
     assert in_code, "no fault_point call found"
     assert in_code <= declared, f"undeclared fault points: {sorted(in_code - declared)}"
+    assert declared <= in_code, f"declared points no code reaches: {sorted(declared - in_code)}"
 
 
-def test_every_fault_point_fires_in_a_crash_test() -> None:
-    literals = _crash_test_strings()
-    points = _points_in_code() | set(DRIVER_FAULT_POINTS) | set(EXECUTOR_FAULT_POINTS)
-    missing = sorted(
-        p
-        for p in points
-        if not re.search(rf"(^|[^a-z_]){re.escape(p)}(@\d+)?($|[^a-z_])", literals, re.M)
+def test_each_point_of_several_places_names_its_sites() -> None:
+    """Where one owner reaches a point from several places, each has a site of its own (or
+    the places are one path: a point in a loop and after it)."""
+    for s in fm.sites_in_code():
+        if s.site:
+            assert s.owner != "core", f"{s.where}: the core's points are one place each"
+
+
+def test_every_unreachable_declaration_names_cells() -> None:
+    cells = fm.cells()
+    for sinks, fronts, points, reason in fm.UNREACHABLE:
+        assert reason, (sinks, fronts, points)
+        hits = [
+            c
+            for c in cells
+            if fnmatch.fnmatch(c[0], sinks)
+            and fnmatch.fnmatch(c[1], fronts)
+            and fnmatch.fnmatch(c[2], points)
+        ]
+        assert hits, f"({sinks}, {fronts}, {points}) names no cell"
+
+
+def test_the_table_classifies_cells() -> None:
+    """Pure logic over made-up records (the real records come from crash tests)."""
+    recs = [
+        Record("file", "run-stream", "after_persist", "t_core"),
+        Record("sql-pg", "run-stream", "mid_commit:held", "t_held"),
+        Record("sql-pg", "run-batch", "mid_abort", "t_abort"),
+    ]
+    t = fm.table(recs)
+    assert t[("file", "run-stream", "after_persist")] == ("kill", "t_core")
+    # The core's point, through the same front end, with another sink.
+    assert t[("kafka", "run-stream", "after_persist")] == ("core", "t_core [file]")
+    assert t[("kafka", "run-batch", "after_persist")][0] == "MISSING"
+    # The sink's own point killed through another front end, and this front end has a kill
+    # of its own at one of the sink's points.
+    how, check = t[("sql-pg", "run-batch", "mid_commit:held")]
+    assert how == "sink code" and "t_held [run-stream]" in check and "t_abort" in check
+    assert t[("sql-pg", "format-batch", "mid_commit:held")][0] == "MISSING"
+    assert t[("sql-sqlite", "run-stream", "mid_commit:held")][0] == "unreachable"
+    assert ("sql-pg", "run-batch", "mid_commit:held") not in fm.missing(recs)
+    assert ("kafka", "run-batch", "after_persist") in fm.missing(recs)
+    assert fm.missing([]) == sorted(c for c in fm.cells() if fm.unreachable(*c) is None), (
+        "no record: every reachable cell is missing"
     )
-    assert missing == [], f"fault points no crash test fires: {missing}"

@@ -202,8 +202,7 @@ def test_driver_killed_mid_commit_on_hdfs(hdfs: MiniDFS, tmp_path: Path) -> None
         partition_by="grp",
     )
     expected = make_input(job.input)
-    assert job.run(fault="mid_commit@2") == -9, job.last_log()
-    assert job.fired() == ["mid_commit"]
+    job.assert_fired("mid_commit@2", job.run(fault="mid_commit@2"))
     assert job.run() == 0, job.last_log()
     assert _ids(hdfs, rel, tmp_path / "copy") == expected
     assert [f for f in hdfs.files(rel) if f.startswith("_eosink_staging/")] == []

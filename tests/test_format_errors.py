@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,61 +113,6 @@ def test_the_eosink_error_at_the_end_of_a_worker_traceback() -> None:
         "",
     ):
         assert _eosink_error_in(other) is None
-
-
-def _seen(err: BaseException) -> str:
-    """The text Python shows for ``err`` under its traceback (and ``str`` of it)."""
-    return "".join(traceback.format_exception_only(type(err), err))
-
-
-_BAD = (
-    "eosink.errors.ConfigError: invalid options for sink 'file': compression: 'zzz' is not "
-    "a codec for format='parquet'; use one of: "
-)
-
-
-def test_batch_write_raises_the_eosink_error(spark: Any, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError) as exc:
-        (
-            spark.range(3)
-            .write.format("eosink")
-            .option("sink", "file")
-            .option("Compression", "zzz")
-            .option("metastore_url", f"sqlite:///{tmp_path / 'm.db'}")
-            .mode("append")
-            .save(str(tmp_path / "out"))
-        )
-    assert _seen(exc.value).startswith(_BAD), _seen(exc.value)
-    note = '(raised in Spark by format("eosink"), initialize writer: PYTHON_DATA_SOURCE_ERROR)'
-    if sys.version_info >= (3, 11):  # exception notes
-        assert _seen(exc.value).splitlines()[-1] == note
-    assert not (tmp_path / "m.db").exists() and not (tmp_path / "out").exists()
-
-
-def test_stream_raises_the_eosink_error(spark: Any, tmp_path: Path) -> None:
-    query = (
-        spark.readStream.format("rate")
-        .option("rowsPerSecond", 1)
-        .load()
-        .writeStream.format("eosink")
-        .option("sink", "file")
-        .option("path", str(tmp_path / "out"))
-        .option("compression", "zzz")
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .option("metastore_url", f"sqlite:///{tmp_path / 'm.db'}")
-        .start()
-    )
-    try:
-        with pytest.raises(ConfigError) as exc:
-            query.awaitTermination(300)
-    finally:
-        query.stop()
-    assert _seen(exc.value).startswith(_BAD), _seen(exc.value)
-    if sys.version_info >= (3, 11):  # exception notes
-        assert _seen(exc.value).splitlines()[-1] == (
-            f"(the streaming query id={query.id} runId={query.runId} stopped: STREAM_FAILED)"
-        )
-    assert not (tmp_path / "m.db").exists()
 
 
 def test_other_spark_errors_pass_unchanged(spark: Any) -> None:

@@ -158,6 +158,46 @@ def test_batch_and_stream_one_snapshot_per_epoch(spark, tmp_path: Path) -> None:
     assert orphan_files(eosink.get_sink("iceberg").parse_options(_opts(tmp_path))) == []
 
 
+def test_files_deleted_while_pending_are_refused_not_committed(  # type: ignore[no-untyped-def]
+    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An orphan-file cleanup or a lifecycle rule deletes a PENDING epoch's data files (no
+    snapshot references them yet): the next run must not commit dangling references. It
+    refuses the epoch naming the missing files and ``eosink abandon``, nothing is written;
+    the runbook's command records the loss and the run after it goes on, every referenced
+    file present (apache/storm#8950's lesson). The release tier's
+    ``test_orphan_cleanup_while_pending_is_refused_not_committed`` deletes them with
+    Iceberg's own ``remove_orphan_files`` through Spark's runtime, in a stream."""
+    from harness import status_json
+
+    import eosink
+    from eosink import SinkError
+    from eosink._cli import main as cli
+    from eosink.faults import SimulatedCrash, simulate
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    o = {**_opts(tmp_path), "metastore_url": url, "writer": "python"}
+    opts = eosink.get_sink("iceberg").parse_options(_opts(tmp_path))
+    first = spark.range(0, 30).selectExpr("id", "'x' as payload")
+    with simulate("after_persist"), pytest.raises(SimulatedCrash):
+        eosink.run(first, sink="iceberg", epoch=1, **o)
+    staged = orphan_files(opts)
+    assert staged, "epoch 1's data files should be unreferenced while it is PENDING"
+    for f in staged:  # what the cleanup does
+        Path(f.removeprefix("file://")).unlink()
+    second = spark.range(100, 110).selectExpr("id", "'y' as payload")
+    with pytest.raises(SinkError, match=r"epoch 1 cannot be committed.*eosink abandon"):
+        eosink.run(second, sink="iceberg", epoch=2, **o)
+    assert iceberg_rows(opts) == []
+    sid = status_json(url, capsys)["sink_id"]
+    argv = ["abandon", "--sink-id", sid, "--epoch", "1", "--metastore-url", url]
+    assert cli([*argv, "--reason", "files deleted by an orphan cleanup", "--accept-data-loss"]) == 0
+    assert eosink.run(second, sink="iceberg", epoch=2, **o).committed  # type: ignore[union-attr]
+    assert sorted(int(r["id"]) for r in iceberg_rows(opts)) == list(range(100, 110))
+    assert orphan_files(opts) == []
+    assert [x["epoch"] for x in status_json(url, capsys)["losses"]] == [1]
+
+
 def test_schema_evolution_adds_columns_and_rejects_incompatible(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import eosink
     from eosink import SchemaMismatchError

@@ -291,9 +291,10 @@ CRASH_CDC = {"mode": "upsert", "keys": ["grp"], "order_by": "id", "op_column": "
 
 def _cdc_job(tmp_path: Path, mode: str, files: int, **extra: str) -> Any:
     """A crash job of a change stream into Iceberg: upserts by ``grp`` (the largest ``id`` of
-    an epoch wins), every 7th id a delete; input files taken in name order."""
-    from harness import Job, make_input
-    from test_sql_crash import ROWS, _in_name_order
+    an epoch wins), every 7th id a delete; change files (``harness.make_cdc_input``: hot
+    keys changed in every epoch and keys of their own) taken in name order."""
+    from harness import Job, make_cdc_input
+    from test_sql_crash import ROWS
 
     job = Job(
         tmp_path,
@@ -303,51 +304,51 @@ def _cdc_job(tmp_path: Path, mode: str, files: int, **extra: str) -> Any:
         sink="iceberg",
         **extra,
     )
-    make_input(job.input, files=files, rows=ROWS)
-    _in_name_order(job)
+    make_cdc_input(job.input, files=files, rows=ROWS)
     return job
 
 
+def snapshot_epochs(opts: Any, sink_id: str) -> list[int]:
+    """The epochs of the sink's snapshots (their summaries' ``eosink.epoch``), in the table's
+    snapshot order: the target's own record of what was committed."""
+    from pyiceberg.catalog import load_catalog
+
+    table = load_catalog(opts.catalog_name, **opts.catalog_properties()).load_table(opts.table)
+    snapshots = sorted(table.snapshots(), key=lambda s: s.sequence_number or 0)
+    return [
+        int(s.summary["eosink.epoch"])
+        for s in snapshots
+        if s.summary is not None and s.summary.get("eosink.sink-id") == sink_id
+    ]
+
+
 def _check_cdc(job: Any) -> None:
-    """The table equals the change stream's final state, row by row (pyiceberg); no file of
-    the data location is left that no snapshot references (staged changes, a dead commit
-    attempt's files); every epoch Spark ran is COMMITTED."""
-    from harness import epoch_states, expected_epochs
+    """The table equals the change stream's final state, row by row (pyiceberg); the table's
+    snapshots hold each epoch once, in order; no file of the data location is left that no
+    snapshot references (staged changes, a dead commit attempt's files); every epoch Spark
+    ran is COMMITTED."""
+    from harness import cdc_state, check_commits_at_target, epoch_states, expected_epochs
     from test_iceberg import iceberg_rows
-    from test_sql_crash import _cdc_state
 
     opts = job.iceberg_options()
     rows = sorted((r["id"], r["grp"], r["payload"]) for r in iceberg_rows(opts))
-    assert rows == _cdc_state(job), job.last_log()[-3000:]
+    assert rows == cdc_state(job.input), job.last_log()[-3000:]
+    epochs = expected_epochs(job)
+    check_commits_at_target(snapshot_epochs(opts, job.sink_id), epochs)
     assert orphan_files(opts) == []
     files = [p for p in job.out.rglob("data/**/*") if p.is_file()]
     assert all(p.suffix == ".parquet" for p in files), files
     states = epoch_states(job.metastore, job.sink_id)
-    assert sorted(states.get("COMMITTED", [])) == expected_epochs(job), states
+    assert sorted(states.get("COMMITTED", [])) == epochs, states
     assert set(states) == {"COMMITTED"}, states
 
 
-def _crash_chain(job: Any, faults: list[str]) -> None:
-    for fault in faults:
-        code = job.run(fault=fault)
-        assert job.fired() == [fault.split("@")[0]], f"{fault} not reached:\n{job.last_log()}"
-        assert code == -9, f"the driver survived {fault} (exit {code}):\n{job.last_log()}"
-    assert job.run() == 0, job.last_log()
-
-
-# Every core fault point of the protocol, chained as tests/test_crash.py chains them: each
-# restart is armed with the next point after recovering from the previous crash.
+# The points where an upsert epoch's recovery differs from an append's, chained as
+# tests/test_crash.py chains them (each restart is armed with the next point after recovering
+# from the previous crash): inside and after the copy-on-write commit, in a live run and in
+# recovery's commit of a checkpointed epoch, and the abort of a persisted one. The core's
+# other points are proven once per front end (tests/test_crash.py).
 CDC_CHAINS = [
-    (
-        "stream",
-        [
-            "after_spark_write@2",
-            "after_write_results@2",
-            "after_pre_commit@2",
-            "after_persist@2",
-            "before_commit@2",
-        ],
-    ),
     ("stream", ["mid_commit@2", "after_commit@2", "after_mark_committed@2"]),
     # Inside recovery: the abort of epoch 2 (persisted, not checkpointed), then the commit
     # of a checkpointed epoch (its copy-on-write rewrite killed half-way, then after it).
@@ -375,10 +376,13 @@ CDC_CHAINS = [
 )
 def test_iceberg_cdc_crash(tmp_path: Path, mode: str, faults: list[str]) -> None:
     job = _cdc_job(tmp_path, mode, files=3 + len(faults))  # a run dies at its 2nd epoch
-    _crash_chain(job, faults)
+    from harness import crash_chain
+
+    crash_chain(job, faults)
     _check_cdc(job)
 
 
+@pytest.mark.release
 @pytest.mark.crash
 def test_iceberg_cdc_random_kills(tmp_path: Path) -> None:
     """A change stream whose driver is killed at random instants, then let finish."""
@@ -391,22 +395,19 @@ def test_iceberg_cdc_random_kills(tmp_path: Path) -> None:
     _check_cdc(job)
 
 
+@pytest.mark.release
 @pytest.mark.crash
 def test_iceberg_cdc_executor_lost(tmp_path: Path) -> None:
     """Python writers: a task's worker dies before its change file is reported, then, in a
     later run, right after it; Spark retries the tasks; no change is applied twice and no
     staged change file of a dead attempt is left."""
-    from harness import make_input
+    from harness import make_cdc_input
+    from test_sql_crash import ROWS
 
     job = _cdc_job(tmp_path, "stream", files=2, master="local[2,3]", writer="python")
-    assert job.run(fault="task_before_finish") == 0, job.last_log()
-    assert "task_before_finish" in job.fired()
-    from test_sql_crash import ROWS, _in_name_order
-
-    make_input(job.input, files=4, rows=ROWS)  # the first two rewritten as they were
-    _in_name_order(job)
-    assert job.run(fault="task_after_finish") == 0, job.last_log()
-    assert "task_after_finish" in job.fired()
+    job.assert_fired("task_before_finish", job.run(fault="task_before_finish"))
+    make_cdc_input(job.input, files=4, rows=ROWS)  # the first two rewritten as they were
+    job.assert_fired("task_after_finish", job.run(fault="task_after_finish"))
     _check_cdc(job)
 
 
@@ -459,6 +460,7 @@ def test_docs_recipe_runs_as_written(  # type: ignore[no-untyped-def]
     assert rows == sorted(state.values(), key=lambda r: r["id"])
 
 
+@pytest.mark.release
 def test_format_eosink_and_expired_snapshots(spark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """``df.write.format("eosink")`` (Python writers) upserts too; with
     ``expire_snapshots_keep=1`` the files that only expired snapshots referenced (replaced by
@@ -489,24 +491,31 @@ def test_format_eosink_and_expired_snapshots(spark, tmp_path: Path) -> None:  # 
     assert not any("-e1-" in d.name for d in dirs), dirs
 
 
+@pytest.mark.release
 @pytest.mark.crash
 def test_iceberg_cdc_driver_moves(tmp_path: Path) -> None:
     """A change stream whose driver dies at each point from PENDING to COMMITTED (between
     Spark's checkpoint and the commit among them) and restarts each time on a new machine:
     its own HOME, so the default meta store is new; only the checkpoint and the table
     survive. The table equals the changes' final state; nothing staged is left."""
-    from harness import Job, make_input
+    from harness import (
+        Job,
+        cdc_state,
+        check_commits_at_target,
+        expected_epochs,
+        make_cdc_input,
+    )
     from test_driver_moves import FILES, SHORT_CHAIN, check_states, moving_chain
     from test_iceberg import iceberg_rows
-    from test_sql_crash import ROWS, _cdc_state, _in_name_order
+    from test_sql_crash import ROWS
 
     job = Job(tmp_path, "stream", "default", sink_options=CRASH_CDC, sink="iceberg")
-    make_input(job.input, files=FILES, rows=ROWS)
-    _in_name_order(job)
+    make_cdc_input(job.input, files=FILES, rows=ROWS)
     moving_chain(job, SHORT_CHAIN)
     opts = job.iceberg_options()
     rows = sorted((r["id"], r["grp"], r["payload"]) for r in iceberg_rows(opts))
-    assert rows == _cdc_state(job)
+    assert rows == cdc_state(job.input)
+    check_commits_at_target(snapshot_epochs(opts, job.sink_id), expected_epochs(job))
     assert orphan_files(opts) == []
     assert all(p.suffix == ".parquet" for p in job.out.rglob("data/**/*") if p.is_file())
     check_states(job)

@@ -1,7 +1,8 @@
 """The iceberg sink is never stuck: what can be known before anything is written is checked
 before any table, meta store row or Spark job (issue 21), and after the error a corrected run
 succeeds. Partition specs are checked against the DataFrame's types (as the Iceberg spec
-defines each transform's source types), a table an older eosink created with an invalid spec
+defines each transform's source types; the invalid ones asked for are rows of
+tests/test_bad_inputs.py), a table an older eosink created with an invalid spec
 is named with what to do, ``create_table=False`` on a missing table and a DataFrame without a
 required column of the table fail first."""
 
@@ -67,47 +68,6 @@ def _run(spark: Any, tmp_path: Path, df: Any, epoch: int = 0, **options: Any) ->
 
 def _rows(tmp_path: Path) -> int:
     return len(_catalog(tmp_path).load_table(TABLE).scan().to_arrow())
-
-
-# -- (a) a partition spec is checked against the DataFrame's types before the table exists --
-@pytest.mark.parametrize(
-    ("bad", "column", "kind", "allowed", "fixed"),
-    [
-        ("day(s)", "s", "string", "date, timestamp and timestamptz", "s"),
-        ("hour(id)", "id", "long", "timestamp and timestamptz", "bucket(4, id)"),
-        (
-            "truncate(4, ts)",
-            "ts",
-            "timestamptz",
-            "int, long, decimal, string and binary",
-            "day(ts)",
-        ),
-        ("bucket(4, b)", "b", "boolean", "int, long, decimal, date, time", "b"),
-    ],
-)
-def test_invalid_partition_spec_is_refused_before_the_table_is_created(
-    spark: Any, tmp_path: Path, bad: str, column: str, kind: str, allowed: str, fixed: str
-) -> None:
-    df = spark.range(0, 6).selectExpr(
-        "id", "cast(id as string) as s", "timestamp'2024-01-02 03:04:05' as ts", "id % 2 = 0 as b"
-    )
-    err = _fails_before_anything(spark, tmp_path, df, partition_by=[bad])
-    msg = str(err)
-    assert f"partition_by {bad!r} is not a valid Iceberg partition field" in msg
-    assert f"column {column!r} is {kind}" in msg
-    assert f"the {bad.split('(')[0]} transform applies to {allowed}" in msg
-    assert f"what can partition {column!r}: " in msg
-    assert "was not created; nothing was written" in msg
-    assert not (tmp_path / "wh").exists()  # not even the embedded catalog
-    # The corrected partition_by: the table is created with it in one step, and written.
-    from eosink_iceberg.transforms import table_terms
-
-    r = _run(spark, tmp_path, df, partition_by=[fixed])
-    assert r.rows == 6
-    table = _catalog(tmp_path).load_table(TABLE)
-    assert [str(t) for _, t in table_terms(table)] == [fixed]
-    assert len(table.metadata.partition_specs) == 1
-    assert _rows(tmp_path) == 6
 
 
 def test_transform_source_types_agree_with_pyiceberg() -> None:

@@ -24,23 +24,30 @@ import eosink
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _runtime_rows(locations: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Each table's rows (every column a string) as Spark's Iceberg runtime reads them."""
+def iceberg_runtime(script: str, *args: str, tag: str) -> Any:
+    """Run ``tests/<script>`` with Spark's Iceberg runtime (the pyspark 4.0 environment the
+    benchmarks build, ``bench/_py40.py``; the runtime jar is its first argument) and return
+    the JSON it prints after ``<tag> ``."""
     sys.path.insert(0, str(ROOT))
     from bench import _py40
 
     py = _py40.venv(print)
     jar = _py40.jar(print)
     proc = subprocess.run(
-        [str(py), str(Path(__file__).with_name("iceberg_runtime_read.py")), str(jar), *locations],
+        [str(py), str(Path(__file__).with_name(script)), str(jar), *args],
         env=_py40.child_env(py),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("EOSINK-ROWS ")][-1]
-    return json.loads(line.split(" ", 1)[1])  # type: ignore[no-any-return]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(f"{tag} ")][-1]
+    return json.loads(line.split(" ", 1)[1])
+
+
+def _runtime_rows(locations: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Each table's rows (every column a string) as Spark's Iceberg runtime reads them."""
+    return iceberg_runtime("iceberg_runtime_read.py", *locations, tag="EOSINK-ROWS")  # type: ignore[no-any-return]
 
 
 def _as_strings(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

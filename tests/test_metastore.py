@@ -187,24 +187,6 @@ def test_errors_pickle() -> None:
     assert m.extra == "s3" and "eosink[s3]" in str(m)
 
 
-def test_a_read_only_store_is_a_permanent_error_at_once(tmp_path: Path) -> None:
-    """A store eosink may read but not write fails the first write at once, saying so; it is
-    not retried for metastore_retry_s as an unreachable one is."""
-    import time
-
-    db = tmp_path / "m.db"
-    MetaStore(f"sqlite:///{db}").close()
-    store = MetaStore(f"sqlite:///file:{db}?mode=ro&uri=true", retry_s=60)
-    t0 = time.monotonic()
-    with pytest.raises(MetaStoreError) as exc:
-        store.acquire("s", "file", None)
-    assert time.monotonic() - t0 < 5
-    assert not isinstance(exc.value, MetaStoreUnavailableError)
-    assert "the database is read-only" in str(exc.value)
-    assert "give eosink a meta store it may write (metastore_url=)" in str(exc.value)
-    store.close()
-
-
 _OPENER = """
 import sys
 from eosink._metastore import MetaStore
@@ -295,3 +277,29 @@ def test_new_sqlite_store_opened_by_threads_at_once_is_never_locked(tmp_path: Pa
 
         with ThreadPoolExecutor(n) as pool:
             assert sorted(pool.map(open_one, range(n))) == list(range(n)), round_
+
+
+def test_schema_revisions_read_without_alembic_agree_with_alembic(tmp_path: Path) -> None:
+    """A current store is checked without importing Alembic: the head read from the scripts
+    and the revision read from ``alembic_version`` are Alembic's own answers."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import create_engine
+
+    from eosink._metastore import migrations
+
+    migrations._HEAD = None
+    assert migrations.head_revision() == (
+        ScriptDirectory.from_config(migrations._config()).get_current_head()
+    )
+    engine = create_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    with engine.begin() as conn:
+        assert migrations.current_revision(conn) is None
+        migrations.upgrade(conn, "0002")
+    with engine.begin() as conn:
+        assert migrations.current_revision(conn) == "0002"
+        assert MigrationContext.configure(conn).get_current_revision() == "0002"
+        migrations.upgrade(conn)
+    with engine.begin() as conn:
+        assert migrations.current_revision(conn) == migrations.head_revision()
+    engine.dispose()

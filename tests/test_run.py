@@ -329,9 +329,8 @@ def test_metastore_unreachable_publishes_nothing(spark, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("writer", ["spark", "python"])
 def test_partition_values_escaped_end_to_end(spark, tmp_path: Path, writer: str) -> None:
+    # A NUL, which Spark's writer cannot write, is refused on both paths (test_bad_inputs.py).
     rows = [(1, "a/b"), (2, ".."), (3, "../../x"), (5, None), (6, "ok")]
-    if writer == "python":  # Spark's own writer cannot write a NUL into a directory name
-        rows.append((4, "nul\x00char"))
     df = spark.createDataFrame(rows, "id long, k string")
     out = tmp_path / "out"
     eosink.run(
@@ -350,28 +349,6 @@ def test_partition_values_escaped_end_to_end(spark, tmp_path: Path, writer: str)
         assert not landing.exists(), landing
     back = {r.id: r.k for r in spark.read.parquet(str(out)).collect()}
     assert back == dict(rows)
-
-
-def test_native_write_failure_is_clear_and_leaves_nothing(spark, tmp_path: Path) -> None:
-    """Spark's writer fails (a NUL in a partition value): the error says why, in one line, and
-    nothing is published or left staged; writer='python' writes it."""
-    df = spark.createDataFrame([(1, "nul\x00char"), (2, "ok")], "id long, k string")
-    out = tmp_path / "out"
-    url = f"sqlite:///{tmp_path / 'm.db'}"
-    with pytest.raises(SinkError, match=r"writing failed in Spark's writer: IOException: Mkdirs"):
-        eosink.run(df, sink="file", path=str(out), partition_by=["k"], epoch=0, metastore_url=url)
-    assert [p for p in out.rglob("*") if p.is_file() and "_eosink" not in p.parts] == []
-    assert list((out / "_eosink_staging").rglob("*.parquet")) == []
-    r = eosink.run(
-        df,
-        sink="file",
-        path=str(out),
-        partition_by=["k"],
-        epoch=0,
-        writer="python",
-        metastore_url=url,
-    )
-    assert r.rows == 2 and r.figures is not None and r.figures.writer == "python"
 
 
 def test_epoch_refused_in_phase_1_leaves_nothing_staged(
@@ -456,6 +433,68 @@ def test_datasource_batch_and_stream(spark, tmp_path: Path, metastore_url: str) 
     assert staged_files(sout) == []
 
 
+def test_format_stream_counts_as_running_between_micro_batches(
+    spark, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``format("eosink")`` stream's coordinator lives for one micro-batch's commit, in
+    Spark's data-source worker; the query runs on. ``eosink status`` says it runs and
+    ``abandon`` refuses (exit 2, saying it is a format stream) between its micro-batches and
+    for 90 s after its last one, as the heartbeat tells on any host; then it is stopped."""
+    import json
+
+    from sqlalchemy import update
+
+    from eosink._cli import main as cli
+    from eosink._metastore import HEARTBEAT_STALE_SECONDS, MetaStore
+    from eosink._metastore.models import SinkRow
+
+    inp, _ = _stream_input(tmp_path, files=1)
+    out, url = tmp_path / "out", f"sqlite:///{tmp_path / 'm.db'}"
+    q = (
+        _stream(spark, inp)
+        .writeStream.format("eosink")
+        .option("sink", "file")
+        .option("path", str(out))
+        .option("metastore_url", url)
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(processingTime="1 second")
+        .start()
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not read_ids(out) and time.monotonic() < deadline:
+            assert q.isActive, q.exception()
+            time.sleep(0.5)
+        time.sleep(2)  # idle micro-batches come and go; the query runs
+        assert q.isActive, q.exception()
+        capsys.readouterr()
+        assert cli(["status", "--metastore-url", url, "--json"]) == 0
+        [s] = json.loads(capsys.readouterr().out)
+        assert s["owner"].endswith(" (format stream)") and s["owner_alive"] is True, s
+        abandon = ["abandon", "--metastore-url", url, "--sink-id", s["sink_id"], "--epoch", "0"]
+        abandon += ["--reason", "test", "--accept-data-loss"]
+        assert cli(abandon) == 2
+        assert 'is a format("eosink") stream that committed a micro-batch' in (
+            capsys.readouterr().err
+        )
+    finally:
+        q.stop()
+    assert cli(abandon) == 2  # its last heartbeat is fresh: it may still run elsewhere
+    store = MetaStore(url)
+    try:
+        with store._tx() as conn:  # 90 s later
+            stale = time.time() - HEARTBEAT_STALE_SECONDS - 1
+            conn.execute(update(SinkRow).values(heartbeat_at=stale))
+    finally:
+        store.close()
+    capsys.readouterr()
+    assert cli(["status", "--metastore-url", url, "--json"]) == 0
+    [s] = json.loads(capsys.readouterr().out)
+    assert s["owner_alive"] is False, s
+    assert cli(abandon) == 1  # no longer refused as running: epoch 0 is COMMITTED
+    assert "only a PENDING epoch" in capsys.readouterr().err
+
+
 def test_default_metastore_is_shared_by_batch_and_stream(
     spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -478,8 +517,8 @@ def test_default_metastore_is_shared_by_batch_and_stream(
     ).await_termination()
     db = tmp_path / "home" / "metastore.db"
     assert db.stat().st_mtime >= t0 - 1
-    # The meta store is not in the checkpoint (eosink 0.1's place); the checkpoint holds the
-    # stream's journal only (its generation and the newest committed epoch's entry).
+    # The meta store is not in the checkpoint (where pre-release eosink kept it); the checkpoint
+    # holds the stream's journal only (its generation and the newest committed epoch's entry).
     assert not (chk / "eosink" / "metastore.db").exists()
     assert len(list(chk.glob("eosink/*/generations/*.json"))) == 1
     assert len(list(chk.glob("eosink/*/pending/*.json"))) == 1
@@ -571,3 +610,35 @@ def test_stream_stopped_by_an_eosink_error_raises_it(
     assert isinstance(again, StreamingHandle)
     again.await_termination()
     assert read_ids(out) == sorted([*expected, *range(10_000, 10_005), 20_000, 20_001])
+
+
+_UNREGISTERED = """
+import sys
+from pyspark.sql import SparkSession
+
+out, meta = sys.argv[1], sys.argv[2]
+spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+df = spark.range(20).selectExpr("id", "cast(id % 3 as string) as grp")
+(
+    df.write.format("eosink").option("sink", "file").option("path", out)
+    .option("metastore_url", meta).option("epoch", "1").mode("append").save()
+)
+spark.stop()
+"""
+
+
+def test_format_eosink_without_registration(tmp_path: Path) -> None:
+    """A plain SparkSession (no eosink.spark_session, no register_datasource) writes through
+    format("eosink"): Spark's lookup finds pyspark_eosink's DefaultSource, which imports
+    nothing of eosink until Spark asks it for a writer; every row once."""
+    import subprocess
+    import sys
+
+    out, meta = tmp_path / "out", f"sqlite:///{tmp_path / 'm.db'}"
+    code = _UNREGISTERED
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(out), meta], capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert read_ids(out) == list(range(20))
+    assert staged_files(out) == []

@@ -1,4 +1,8 @@
-"""Bad options of the file sink fail before any Spark job and before any meta store row."""
+"""Options: their spellings, how option errors read (field, value, never a secret), column
+names with dots, and the CLI on what is not a meta store.
+
+The bad inputs given to a run (options, epochs, triggers...) are the rows of
+tests/test_bad_inputs.py."""
 
 from __future__ import annotations
 
@@ -12,51 +16,7 @@ import pyarrow.dataset as ds
 import pytest
 
 import eosink
-from eosink import ConfigError, SchemaMismatchError
-
-
-def _fails_before_anything(
-    spark: Any, tmp_path: Path, df: Any = None, **options: Any
-) -> ConfigError:
-    """Run a batch write with ``options``; return its error, checking nothing was created."""
-    db = tmp_path / "metastore.db"
-    opts = {"path": str(tmp_path / "out"), **options}
-    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
-    with pytest.raises(ConfigError) as exc:
-        eosink.run(
-            df if df is not None else spark.range(3).selectExpr("id", "cast(id as string) as k"),
-            sink="file",
-            metastore_url=f"sqlite:///{db}",
-            **opts,
-        )
-    assert not db.exists(), "the meta store was created before the options were checked"
-    assert spark.sparkContext.statusTracker().getJobIdsForGroup(None) == jobs, "a job ran"
-    return exc.value
-
-
-def test_duplicate_partition_columns(spark: Any, tmp_path: Path) -> None:
-    err = _fails_before_anything(spark, tmp_path, partition_by=["k", "id", "k"])
-    assert "partition_by:" in str(err)
-    assert "column 'k' appears more than once in ['k', 'id', 'k']" in str(err)
-    assert not (tmp_path / "out").exists()
-    err = _fails_before_anything(spark, tmp_path, partition_by="k,k")  # Spark option style
-    assert "column 'k' appears more than once" in str(err)
-
-
-def test_unknown_compression_lists_the_codecs(spark: Any, tmp_path: Path) -> None:
-    err = _fails_before_anything(spark, tmp_path, compression="zzz")
-    assert "compression:" in str(err) and "'zzz'" in str(err)
-    for codec in ("none", "snappy", "gzip", "zstd"):
-        assert codec in str(err)
-    assert "lzo" not in str(err)  # Arrow C++ cannot write LZO
-    assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("fmt", ["json", "csv"])
-def test_compression_is_checked_per_format(spark: Any, tmp_path: Path, fmt: str) -> None:
-    err = _fails_before_anything(spark, tmp_path, format=fmt, compression="zstd")
-    assert f"compression: 'zstd' is not a codec for format={fmt!r}" in str(err)
-    assert "use one of: none, gzip, bzip2" in str(err)
+from eosink import ConfigError
 
 
 def test_compression_spellings() -> None:
@@ -68,48 +28,6 @@ def test_compression_spellings() -> None:
     assert sink.parse_options({"path": "/tmp", "format": "json"}).format == "json"
     opts = sink.parse_options({"path": "/tmp", "format": "csv", "compression": "none"})
     assert opts.compression == "none"
-
-
-def test_path_that_is_a_file(spark: Any, tmp_path: Path) -> None:
-    f = tmp_path / "out.parquet"
-    f.write_text("not a directory")
-    err = _fails_before_anything(spark, tmp_path, path=str(f))
-    assert "path:" in str(err)
-    assert f"{str(f)!r} exists and is not a directory" in str(err)
-    assert f.read_text() == "not a directory"
-
-
-def test_path_that_cannot_be_created(spark: Any, tmp_path: Path) -> None:
-    f = tmp_path / "file.txt"
-    f.write_text("x")
-    target = f / "out"
-    err = _fails_before_anything(spark, tmp_path, path=str(target))
-    assert "path:" in str(err)
-    assert f"{str(target)!r} cannot be created: {f} is a file, not a directory" in str(err)
-
-
-def test_path_under_a_read_only_directory(spark: Any, tmp_path: Path) -> None:
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if os.geteuid() == 0:  # root writes anywhere: a path under a regular file fails for root too
-        (ro / "f").write_text("x")
-        target, cause = ro / "f" / "sub" / "out", f"{ro / 'f'} is a file, not a directory"
-    else:
-        ro.chmod(0o500)
-        target, cause = ro / "sub" / "out", f"{ro} is not writable by this user"
-    try:
-        err = _fails_before_anything(spark, tmp_path, path=str(target))
-    finally:
-        ro.chmod(0o700)
-    assert f"path: {str(target)!r} cannot be created: {cause}" in str(err)
-    assert not (ro / "sub").exists()
-
-
-def test_duplicate_column_names(spark: Any, tmp_path: Path) -> None:
-    df = spark.range(3).selectExpr("id", "id as ID", "cast(id as string) as k")
-    err = _fails_before_anything(spark, tmp_path, df=df, format="json")
-    assert isinstance(err, SchemaMismatchError)
-    assert "two columns named 'id' and 'ID'" in str(err)
 
 
 def _write(spark: Any, df: Any, out: Path, fmt: str, partition_by: list[str]) -> None:
@@ -366,14 +284,6 @@ def test_iceberg_catalog_secrets_never_shown() -> None:
     assert "hunter2" not in text and "catalog:" in text
 
 
-@pytest.mark.parametrize(
-    "epoch", ["x", 1.5, True, -1, 2**63, [1]], ids=["str", "float", "bool", "neg", "big", "list"]
-)
-def test_bad_epochs_fail_before_anything(spark: Any, tmp_path: Path, epoch: Any) -> None:
-    err = _fails_before_anything(spark, tmp_path, epoch=epoch)
-    assert "epoch must be an integer from 0 to" in str(err)
-
-
 def test_epoch_spellings() -> None:
     from eosink._setup import MAX_EPOCH, check_epoch
 
@@ -385,26 +295,6 @@ def test_epoch_spellings() -> None:
         3,
         MAX_EPOCH,
     ]
-
-
-@pytest.mark.parametrize(
-    "trigger",
-    [
-        "banana",
-        {"processingTime": "banana"},
-        {"processingTime": ""},
-        {"once": False},
-        {"availableNow": 1},
-        {"continuous": "1 second"},
-        {"processingTime": "5 seconds", "once": True},
-        "5",
-    ],
-)
-def test_bad_triggers_are_config_errors(trigger: Any) -> None:
-    from eosink._run import _trigger
-
-    with pytest.raises(ConfigError, match="trigger"):
-        _trigger(trigger)
 
 
 def test_trigger_spellings() -> None:

@@ -8,6 +8,7 @@ from .store import (
     BATCH_AUTO_UNREPORTED,
     BATCH_ORIGINS,
     DROPPED_OPEN_FILE,
+    FORMAT_STREAM_OWNER,
     HEARTBEAT_SECONDS,
     HEARTBEAT_STALE_SECONDS,
     EpochRecord,
@@ -17,6 +18,7 @@ from .store import (
     default_url,
     eosink_home,
     redact_url,
+    split_owner,
 )
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "BATCH_ORIGINS",
     "COMMITTED",
     "DROPPED_OPEN_FILE",
+    "FORMAT_STREAM_OWNER",
     "HEARTBEAT_SECONDS",
     "HEARTBEAT_STALE_SECONDS",
     "PENDING",
@@ -38,4 +41,5 @@ __all__ = [
     "default_url",
     "eosink_home",
     "redact_url",
+    "split_owner",
 ]

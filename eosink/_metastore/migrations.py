@@ -1,19 +1,25 @@
-"""Alembic integration: where the migrations are, schema checks and ``eosink db upgrade``."""
+"""Alembic integration: where the migrations are, schema checks and ``eosink db upgrade``.
+
+Alembic itself is imported only to change a schema (or to name an unknown revision): a
+process that opens a current meta store (each ``format("eosink")`` micro-batch's commit runs
+in a new Python worker) checks the revision with one query, without importing Alembic
+(about a second of a worker's start).
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, text
 
-from alembic import command
-
 from ..errors import SchemaOutdatedError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 log = logging.getLogger("eosink.metastore")
 
@@ -32,24 +38,55 @@ def migrations_dir() -> Path:
 
 
 def _config() -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
     return cfg
 
 
 _HEAD: str | None = None
+_REVISION = re.compile(r"^revision(?:: str)? = ['\"]([^'\"]+)['\"]", re.MULTILINE)
+_DOWN = re.compile(r"^down_revision(?:: [^=]+)? = (None|['\"]([^'\"]+)['\"])", re.MULTILINE)
 
 
 def head_revision() -> str:
+    """The newest revision of the migrations: the one no other revision comes down from.
+
+    Read from the scripts' ``revision`` / ``down_revision`` lines (tests/test_metastore.py
+    checks it against Alembic's own answer)."""
     global _HEAD
     if _HEAD is None:
-        _HEAD = ScriptDirectory.from_config(_config()).get_current_head()
-    assert _HEAD is not None
+        revs: set[str] = set()
+        downs: set[str] = set()
+        for script in (migrations_dir() / "versions").glob("*.py"):
+            body = script.read_text()
+            rev, down = _REVISION.search(body), _DOWN.search(body)
+            if rev is None:
+                continue
+            revs.add(rev.group(1))
+            if down is not None and down.group(2):
+                downs.add(down.group(2))
+        heads = sorted(revs - downs)
+        if len(heads) != 1:
+            raise FileNotFoundError(
+                f"eosink's Alembic migrations in {migrations_dir()} have heads {heads}, not one"
+            )
+        _HEAD = heads[0]
     return _HEAD
 
 
 def current_revision(conn: Connection) -> str | None:
-    return MigrationContext.configure(conn).get_current_revision()
+    """The revision the database is at (Alembic's ``alembic_version`` table), None if none."""
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    if len(rows) > 1:
+        raise SchemaOutdatedError(
+            f"meta store {conn.engine.url.render_as_string(hide_password=True)} has several "
+            f"schema revisions {sorted(rows)}; it was not made by eosink"
+        )
+    return str(rows[0]) if rows else None
 
 
 # Alembic's `context` is one proxy per process: two upgrades in two threads would mix their
@@ -83,6 +120,8 @@ def upgrade(conn: Connection, revision: str = "head") -> None:
 
     Takes :func:`lock_schema` first; the caller commits ``conn``.
     """
+    from alembic import command
+
     lock_schema(conn)
     cfg = _config()
     cfg.attributes["connection"] = conn
@@ -128,4 +167,6 @@ def ensure_schema(conn: Connection, *, create: bool) -> None:
 
 
 def _known_revisions() -> set[str]:
+    from alembic.script import ScriptDirectory
+
     return {s.revision for s in ScriptDirectory.from_config(_config()).walk_revisions()}

@@ -96,6 +96,19 @@ HEARTBEAT_SECONDS = 30.0
 """How often a running coordinator records its heartbeat in its sink's row."""
 HEARTBEAT_STALE_SECONDS = 3 * HEARTBEAT_SECONDS
 """A heartbeat older than this: its owner stopped (killed, or its host lost)."""
+FORMAT_STREAM_OWNER = "format stream"
+"""The note of an owner that is one micro-batch's coordinator of a ``format("eosink")``
+stream (``host:pid (format stream)``): its process ends with the micro-batch, its query runs
+on; it counts as running while its heartbeat is fresh, on any host."""
+
+
+def split_owner(owner: str) -> tuple[str, str, str | None]:
+    """The host, the pid and the note of an owner as :meth:`MetaStore.acquire` records it
+    (``host:pid``, or ``host:pid (note)``); the note is None without one. An owner that is not
+    a process (``user@host (eosink abandon)``) gives no host."""
+    base, sep, note = owner.partition(" (")
+    host, _, pid = base.rpartition(":")
+    return host, pid, note.removesuffix(")") if sep else None
 
 
 @dataclass(frozen=True)
@@ -200,7 +213,7 @@ def default_url(checkpoint_location: str | None = None) -> str:
     ``EOSINK_METASTORE_URL`` if set; otherwise ``$EOSINK_HOME/metastore.db`` (``~/.eosink``
     by default): one store for the batch and the streaming runs of every sink on this
     machine, so that they share state and fencing, and so that deleting a checkpoint never
-    deletes a sink's history. A checkpoint written by eosink 0.1 keeps the store it holds
+    deletes a sink's history. A checkpoint written by a pre-release eosink keeps the store it holds
     (``<checkpoint>/eosink/metastore.db``), with a warning.
     """
     env = os.environ.get("EOSINK_METASTORE_URL")
@@ -210,8 +223,9 @@ def default_url(checkpoint_location: str | None = None) -> str:
         legacy = Path(checkpoint_location.removeprefix("file://")) / "eosink" / "metastore.db"
         if legacy.is_file():
             log.warning(
-                "using the meta store inside the checkpoint (%s), as eosink 0.1 did; batch runs "
-                "of this sink do not see it. Pass metastore_url= to choose one store for all runs",
+                "using the meta store inside the checkpoint (%s), as pre-release eosink did; "
+                "batch runs of this sink do not see it. Pass metastore_url= to choose one store "
+                "for all runs",
                 legacy,
             )
             return f"sqlite:///{legacy.resolve()}"
@@ -428,13 +442,25 @@ class MetaStore:
         self._retry("a fencing check", run)
 
     # -- sinks ---------------------------------------------------------------------------
-    def acquire(self, sink_id: str, plugin: str, options_json: str | None = None) -> SinkRecord:
-        """Become the live coordinator of ``sink_id``: bump its generation (fencing any other)."""
-        return self._retry("acquire", lambda _: self._acquire(sink_id, plugin, options_json))
+    def acquire(
+        self,
+        sink_id: str,
+        plugin: str,
+        options_json: str | None = None,
+        *,
+        note: str | None = None,
+    ) -> SinkRecord:
+        """Become the live coordinator of ``sink_id``: bump its generation (fencing any other).
 
-    def _acquire(self, sink_id: str, plugin: str, options_json: str | None) -> SinkRecord:
+        The owner is recorded as ``host:pid``, followed by `` (note)`` when ``note`` is given
+        (``format stream``: see :attr:`eosink._protocol.SinkRuntime.micro_batch`)."""
+        owner = f"{socket.gethostname()}:{os.getpid()}" + (f" ({note})" if note else "")
+        return self._retry("acquire", lambda _: self._acquire(sink_id, plugin, options_json, owner))
+
+    def _acquire(
+        self, sink_id: str, plugin: str, options_json: str | None, owner: str
+    ) -> SinkRecord:
         now = time.time()
-        owner = f"{socket.gethostname()}:{os.getpid()}"
         with self._tx() as conn:
             res = conn.execute(
                 update(SinkRow)

@@ -15,10 +15,11 @@ not at all, but the commit copies every byte of the epoch once more.
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
-from eosink import ConfigError, SinkError
+from eosink import ConfigError, EosinkError, SinkError
 
 # The connector a scheme needs when Spark has no FileSystem for it (what to tell the user).
 _CONNECTORS = {
@@ -48,6 +49,26 @@ def java_message(exc: BaseException) -> str:
         return str(java.toString()) if java is not None else str(exc)
     except Exception:
         return str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+
+
+def _filesystem_error(root: str, exc: BaseException) -> EosinkError:
+    """The error of a path whose Hadoop FileSystem cannot be created: a :class:`ConfigError`
+    when its host does not resolve, else a :class:`SinkError`; both name the path and what
+    to check."""
+    said = java_message(exc)
+    host = re.search(r"UnknownHostException: ([^\s:;,)]+)", said)
+    if host:
+        return ConfigError(
+            f"the file sink's path {root!r} names the host {host.group(1)!r}, which does not "
+            "resolve (java.net.UnknownHostException): check the host in path; for an HDFS "
+            "nameservice (HA), Spark's Hadoop configuration must define it "
+            "(dfs.nameservices and its namenodes, in hdfs-site.xml or spark.hadoop.dfs.* "
+            "settings). Nothing was written"
+        )
+    return SinkError(
+        f"the file sink cannot open the Hadoop FileSystem of its path {root!r}: {said}. "
+        "Check path and Spark's Hadoop configuration. Nothing was written"
+    )
 
 
 def _missing(exc: BaseException) -> bool:
@@ -98,7 +119,10 @@ class HadoopStore:
             # manifests, and a rename that replaces its target atomically (rename(2)).
             fs = self._jvm.org.apache.hadoop.fs.FileSystem.getLocal(self._conf).getRawFileSystem()
         else:
-            fs = self._Path(root).getFileSystem(self._conf)
+            try:
+                fs = self._Path(root).getFileSystem(self._conf)
+            except Exception as exc:
+                raise _filesystem_error(root, exc) from None
         self.fs = fs
         qualified = fs.makeQualified(self._Path(root))
         self.root = str(qualified.toString()).rstrip("/")

@@ -143,7 +143,7 @@ def merge_columnar(
                     if buffered >= row_group_rows:
                         flush()
                 if i == len(sources) // 2:
-                    fault_point("roll_mid_merge")
+                    fault_point("roll_mid_merge", site="parquet")
             flush()
     else:
         import pyarrow.orc as orc
@@ -158,7 +158,7 @@ def merge_columnar(
                 w2.write(t)
                 rows += t.num_rows
                 if i == len(sources) // 2:
-                    fault_point("roll_mid_merge")
+                    fault_point("roll_mid_merge", site="orc")
         finally:
             w2.close()
     if fsync:
@@ -476,7 +476,7 @@ class Roller:
                 if o.fsync:
                     os.fsync(fh.fileno())
                 slot["bytes"] = fh.tell()
-            fault_point("roll_after_part")
+            fault_point("roll_after_part", site="local")
             return
         # S3: pieces queue in the tail; a tail of part_bytes or more becomes the next part.
         for p in pieces:
@@ -485,7 +485,7 @@ class Roller:
         tail = sum(int(p["bytes"]) for p in slot["pieces"])
         if tail >= self.s3.part_bytes:
             self._upload_tail(slot)
-            fault_point("roll_after_part")
+            fault_point("roll_after_part", site="s3")
 
     def _rewind(self, fh: Any, slot: dict[str, Any]) -> None:
         """Cut an in-progress file back to the length its slot records."""
@@ -654,9 +654,9 @@ class Roller:
         """Store the slots after the epoch, then drop what it rolled or consumed."""
         with self.lock:
             self.store_state(c["state"])
-            fault_point("roll_before_drop")
+            fault_point("roll_before_drop", site="commit")
             self._delete([d for r in c["rolled"] for d in r["drop"]] + list(c.get("consumed", [])))
-            fault_point("roll_after_drop")
+            fault_point("roll_after_drop", site="commit")
             self.inflight.pop(epoch, None)
             if int(c["state"]["seq"]) >= int(self.committed["seq"]):
                 self.committed = c["state"]
@@ -822,9 +822,9 @@ class Roller:
                 self._write_roll_manifest(r)
             # Drop, then store the slots: a crash between leaves open slots whose files are
             # published, which the next start truncates (_settle); never unreferenced pieces.
-            fault_point("roll_before_drop")
+            fault_point("roll_before_drop", site="flush")
             self._delete([d for r in sealed for d in r["drop"]] + consumed)
-            fault_point("roll_after_drop")
+            fault_point("roll_after_drop", site="flush")
             self.store_state(state)
             self.committed = state
             self.head = copy.deepcopy(state)

@@ -109,8 +109,11 @@ class S3Store:
 
         try:
             client = self.probe_client()
-        except BotoCoreError as exc:  # e.g. an endpoint URL botocore cannot parse
-            raise ConfigError(f"the file sink cannot use {self.path}: {exc}") from None
+        except (BotoCoreError, ValueError) as exc:  # e.g. an AWS_ENDPOINT_URL it cannot parse
+            raise ConfigError(
+                f"the file sink cannot use {self.path}: {exc} (check s3_endpoint_url, "
+                "AWS_ENDPOINT_URL and s3_region)"
+            ) from None
         endpoint = client.meta.endpoint_url
         tried = (
             f"{PROBE_ATTEMPTS} attempt(s), connect timeout {PROBE_CONNECT_TIMEOUT:g} s, "

@@ -28,7 +28,7 @@ from eosink import (
     TargetMarker,
     fault_point,
 )
-from eosink.util import sink_key
+from eosink.util import abandon_hint, sink_key
 
 from ._hadoop import HadoopStore, java_message, spark_session
 from ._rolling import Roller, fsync_path, manifest, piece_ext
@@ -41,6 +41,8 @@ from .layout import (
     MARKER_DIR,
     STAGING_DIR,
     check_layout,
+    guard_partition_values,
+    guarded_error,
     layout_of,
     schema_id,
     write_json_atomic,
@@ -71,6 +73,7 @@ class FileCoordinator(
     def __init__(self, opts: FileSinkOptions, sink_id: str) -> None:
         self.opts = opts
         self.key = sink_key(sink_id)
+        self.sink_id = sink_id
         self.s3: S3Store | None = S3Store(opts) if opts.is_s3 else None
         local = opts.local_path
         self.root = local if local is not None else Path("/nonexistent")
@@ -182,6 +185,8 @@ class FileCoordinator(
         """
         stage_rel = f"{self.staging_rel}/{epoch}/{attempt}"
         fmt = self.opts.format
+        if self.opts.partition_by:
+            df = guard_partition_values(df, self.opts.partition_by)
         w = df.write.format(fmt).mode("error")
         w = w.option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
         w = w.option("compression", self.opts.codec)
@@ -192,7 +197,13 @@ class FileCoordinator(
         if self.opts.partition_by:
             w = w.partitionBy(*self.opts.partition_by)
         hadoop = self.hadoop
-        w.save(hadoop.url(stage_rel) if hadoop else f"file://{self.root / stage_rel}")
+        try:
+            w.save(hadoop.url(stage_rel) if hadoop else f"file://{self.root / stage_rel}")
+        except Exception as exc:
+            refused = guarded_error(exc, self.opts.partition_by)
+            if refused is not None:  # a partition value the Python writers refuse too
+                raise refused from None
+            raise
         data_cols = [f for f in df.schema.fields if f.name not in self.opts.partition_by]
         sid = schema_id("spark", [(f.name, f.dataType.simpleString()) for f in data_cols])
         # The files of Spark's job as the driver sees them (never _temporary: the leftovers
@@ -507,7 +518,7 @@ class FileCoordinator(
                     f["final"], f["upload"]["id"], f["upload"]["parts"], int(f["bytes"])
                 )
                 if i == 0:
-                    fault_point("mid_commit")
+                    fault_point("mid_commit", site="s3")
             # Uploads of failed or speculative task attempts of this epoch.
             mine = f"part-{epoch:010d}-s{self.key[:8]}-"
             for rel, uid in self.s3.uploads():
@@ -538,13 +549,14 @@ class FileCoordinator(
             if not staged.exists():
                 raise SinkError(
                     f"epoch {epoch}: staged file {staged} is missing and {final} was never "
-                    "published; the epoch's data is lost (was the staging directory deleted?)"
+                    "published (was the staging directory deleted?). "
+                    + abandon_hint(self.sink_id, epoch)
                 )
             final.parent.mkdir(parents=True, exist_ok=True)
             os.rename(staged, final)
             dirs.add(final.parent)
             if i == 0:
-                fault_point("mid_commit")
+                fault_point("mid_commit", site="local")
         if self.opts.fsync:
             for d in dirs:
                 fsync_path(d)
@@ -589,8 +601,8 @@ class FileCoordinator(
                     if have is None and fs.size(staged) is None:
                         raise SinkError(
                             f"epoch {epoch}: staged file {fs.url(staged)} is missing and "
-                            f"{fs.url(final)} was never published; the epoch's data is lost "
-                            "(was the staging directory deleted?)"
+                            f"{fs.url(final)} was never published (was the staging directory "
+                            "deleted?). " + abandon_hint(self.sink_id, epoch)
                         )
                     if have is None:
                         raise SinkError(
@@ -602,7 +614,7 @@ class FileCoordinator(
                     "another writer uses this path"
                 )
             if have is None and i == 0:
-                fault_point("mid_commit")
+                fault_point("mid_commit", site="hadoop")
         if self.opts.fsync and fs.scheme == "file":
             for d in made:
                 fsync_path(self.root / d)
@@ -660,7 +672,7 @@ class FileCoordinator(
                 first = next(iter(self.hadoop.files(rel)), None)
                 if first is not None:
                     self.hadoop.delete(first[0])
-                    fault_point("mid_abort")
+                    fault_point("mid_abort", site="hadoop")
                 self.hadoop.delete(rel, recursive=True)
             elif self.s3 is None and not keep:
                 target = self.staging / str(epoch)
@@ -668,7 +680,7 @@ class FileCoordinator(
                 for i, p in enumerate(victims):
                     p.unlink(missing_ok=True)
                     if i == 0:
-                        fault_point("mid_abort")
+                        fault_point("mid_abort", site="local")
                 shutil.rmtree(target, ignore_errors=True)
             else:
                 self._clean_epoch(epoch, keep)

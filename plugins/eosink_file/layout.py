@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
@@ -20,10 +21,11 @@ import pyarrow as pa
 
 from eosink import (
     ConfigError,
+    SchemaMismatchError,
     SinkError,
 )
 
-from ._hadoop import spark_session
+from ._hadoop import HadoopStore, java_message, spark_session
 from ._rolling import fsync_path
 from ._s3 import S3Store
 from .options import FileSinkOptions, validate_columns
@@ -57,6 +59,143 @@ def partition_segment(value: Any) -> str:
         value = value.hex()
     text = str(value)
     return escape_partition_value(text) if text else NULL_PARTITION
+
+
+MAX_NAME_BYTES = 255
+"""The longest partition directory name (``col=value``, escaped, in UTF-8 bytes) the file
+sink writes: ``NAME_MAX`` of Linux filesystems and HDFS's default
+``dfs.namenode.fs-limits.max-component-length``. On S3 the Python writers stage each
+partition directory on local disk before uploading it, so the limit holds there too."""
+
+_SHOWN_CHARS = 60
+
+
+def partition_value_problem(column: str, value: Any) -> tuple[str, int] | None:
+    """Why neither writer may write ``value`` into a directory of the partition column
+    ``column``: ``("hive", 0)``, ``("nul", 0)`` or ``("long", <bytes of the escaped
+    directory name>)``; None when it can be written.
+
+    * ``__HIVE_DEFAULT_PARTITION__`` is the directory of NULL (and ``''``): every reader
+      reads the value back as NULL (Spark's writer fails outright when a NULL and the
+      literal meet in one task).
+    * A NUL character can be in no directory name on any filesystem (the Python writers
+      could escape it; Spark's writer, which does not, fails): refused on both paths.
+    * A directory name longer than :data:`MAX_NAME_BYTES` once escaped.
+    """
+    if isinstance(value, str):
+        if value == NULL_PARTITION:
+            return ("hive", 0)
+        if "\x00" in value:
+            return ("nul", 0)
+    if value is None:
+        return None
+    size = len(f"{escape_partition_value(column)}={partition_segment(value)}".encode())
+    return ("long", size) if size > MAX_NAME_BYTES else None
+
+
+def partition_value_error(
+    column: str, value: Any, reason: str, size: int = 0
+) -> SchemaMismatchError:
+    """The :class:`~eosink.SchemaMismatchError` of a partition value that
+    :func:`partition_value_problem` refuses (the same text for both writer paths)."""
+    text = value.hex() if isinstance(value, bytes) else str(value)
+    shown = repr(text[:_SHOWN_CHARS])
+    if len(text) > _SHOWN_CHARS:
+        shown += f" (the first {_SHOWN_CHARS} characters)"
+    col = repr(column)
+    if reason == "hive":
+        why = (
+            f"the name of the directory Hive and Spark write NULL (and '') into: every reader "
+            f"would read these rows back as NULL. Replace the value before writing (e.g. "
+            f"F.when(F.col({col}) == {NULL_PARTITION!r}, <another value>)"
+            f".otherwise(F.col({col}))), filter those rows, or partition by another column"
+        )
+    elif reason == "nul":
+        why = (
+            "a value with a NUL character, which no directory name can hold (Spark's writer "
+            f"fails on it). Remove it (F.regexp_replace(F.col({col}), '\\x00', '')), filter "
+            "those rows, or partition by another column"
+        )
+    else:
+        why = (
+            f"a value whose directory name ({escape_partition_value(column)}=...) is {size} "
+            f"bytes once escaped, over the {MAX_NAME_BYTES} bytes a directory name may have "
+            "(local filesystems, HDFS). Shorten the values (F.substring, or a hash such as "
+            f"F.sha2(F.col({col}), 256)), or partition by another column"
+        )
+    return SchemaMismatchError(
+        f"partition_by column {col} holds {shown}, {why}. Nothing of this epoch was "
+        "published or persisted"
+    )
+
+
+_GUARD_MARK = "EOSINK_FILE_PARTITION_VALUE:"
+# Characters of a refused value the native path's error carries back: one more than the
+# message shows, so that it can say the value is longer.
+_GUARD_SHOWN = _SHOWN_CHARS + 1
+_GUARDED = re.compile(re.escape(_GUARD_MARK) + r"(\d+):(hive|nul|long):(\d+):([0-9A-Fa-f]*)")
+
+
+def _sql_name(column: str) -> str:
+    return "`" + column.replace("`", "``") + "`"
+
+
+def guard_partition_values(df: Any, columns: Sequence[str]) -> Any:
+    """``df`` with each string partition column checked as Spark's writer takes it: a value
+    :func:`partition_value_problem` refuses fails the task with a marker that
+    :func:`guarded_error` turns into the Python writers' error (same rule, same text).
+
+    One ``CASE`` per string column, evaluated where Spark's writer reads the row (no other
+    job, no other pass over the data).
+    """
+    from pyspark.sql import functions as F
+
+    # What Spark's writer escapes (NUL excepted: it does not, and it is refused here), as
+    # chr() calls: independent of how the session parses string literals.
+    escaped = ", ".join(f"chr({ord(c)})" for c in sorted(_ESCAPE) if c != "\x00")
+    types = {f.name: f.dataType.typeName() for f in df.schema.fields}
+    checks = {}
+    for i, c in enumerate(columns):
+        if types.get(c) not in ("string", "varchar", "char"):
+            continue
+        q = _sql_name(c)
+        limit = MAX_NAME_BYTES - len(f"{escape_partition_value(c)}=".encode())
+        size = (
+            f"(octet_length({q}) + 2 * (char_length({q}) - "
+            f"char_length(translate({q}, concat({escaped}), ''))))"
+        )
+        # hex(), not base64(): Spark's base64 breaks lines every 76 characters by default.
+        shown = f"hex(CAST(substring({q}, 1, {_GUARD_SHOWN}) AS BINARY))"
+
+        def fail(reason: str, nbytes: str, i: int = i, shown: str = shown) -> str:
+            mark = f"'{_GUARD_MARK}{i}:{reason}:'"
+            return f"CAST(raise_error(concat({mark}, {nbytes}, ':', {shown})) AS STRING)"
+
+        hive, nul = fail("hive", "'0'"), fail("nul", "'0'")
+        long = fail("long", f"{size} + {MAX_NAME_BYTES - limit}")
+        # An escaped character takes 3 bytes: values of up to limit / 3 bytes skip the
+        # translate() that counts them (what the check costs is then two comparisons).
+        checks[c] = F.expr(
+            f"CASE WHEN {q} = '{NULL_PARTITION}' THEN {hive} "
+            f"WHEN instr({q}, chr(0)) > 0 THEN {nul} "
+            f"WHEN octet_length({q}) > {limit // 3} AND {size} > {limit} THEN {long} "
+            f"ELSE {q} END"
+        )
+    return df.withColumns(checks) if checks else df
+
+
+def guarded_error(exc: BaseException, columns: Sequence[str]) -> SchemaMismatchError | None:
+    """The error of a partition value :func:`guard_partition_values` refused in Spark's
+    writer, from Spark's failure; None for any other failure."""
+    # Spark repeats the task's message in its own; some copies are cut short.
+    found = list(_GUARDED.finditer(str(exc)))
+    if not found:
+        return None
+    m = max(found, key=lambda f: len(f.group(4)))
+    i, reason, size = int(m.group(1)), m.group(2), int(m.group(3))
+    raw = m.group(4)
+    value = bytes.fromhex(raw[: len(raw) // 2 * 2]).decode("utf-8", "replace")
+    return partition_value_error(columns[i], value, reason, size)
 
 
 def schema_id(kind: str, columns: Sequence[tuple[str, str]]) -> str:
@@ -157,7 +296,7 @@ def read_layout(opts: FileSinkOptions) -> tuple[dict[str, Any] | None, str] | No
         return (None if raw is None else _parse_layout(raw, where)), where
     local = opts.local_path
     if local is None:
-        return None
+        return _read_hadoop_layout(opts)
     f = local / LAYOUT_REL
     try:
         raw = f.read_bytes()
@@ -166,6 +305,23 @@ def read_layout(opts: FileSinkOptions) -> tuple[dict[str, Any] | None, str] | No
     except OSError as exc:
         raise ConfigError(f"the file sink cannot read {f}: {exc.strerror or exc}") from None
     return _parse_layout(raw, str(f)), str(f)
+
+
+def _read_hadoop_layout(opts: FileSinkOptions) -> tuple[dict[str, Any] | None, str] | None:
+    """:func:`read_layout` on a Hadoop filesystem (``hdfs://``...), through the driver's
+    Spark: also the first check that the path's FileSystem can be opened (a host that does
+    not resolve is a ConfigError here, before the meta store). None without a classic
+    Spark session in this process (the coordinator's ``init`` checks it where it runs)."""
+    spark = spark_session()
+    if spark is None or opts.hadoop_scheme is None:
+        return None
+    store = HadoopStore(spark, opts.path)
+    where = store.url(LAYOUT_REL)
+    try:
+        raw = store.read(LAYOUT_REL)
+    except Exception as exc:
+        raise SinkError(f"the file sink cannot read {where}: {java_message(exc)}") from None
+    return (None if raw is None else _parse_layout(raw, where)), where
 
 
 def json_default(v: Any) -> Any:

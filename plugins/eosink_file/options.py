@@ -26,6 +26,7 @@ from pydantic import (
 from eosink import (
     SchemaMismatchError,
 )
+from eosink._s3 import check_endpoint_url
 
 log = logging.getLogger("eosink.file")
 
@@ -240,6 +241,11 @@ class FileSinkOptions(BaseModel):
             shown = repr(v) if str(resolved) == v else f"{v!r} ({resolved})"
             raise ValueError(f"{shown} {problem}")
         return str(resolved)
+
+    @field_validator("s3_endpoint_url")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        return check_endpoint_url(v)
 
     @field_validator("partition_by", mode="before")
     @classmethod

@@ -29,6 +29,8 @@ from .layout import (
     escape_partition_value,
     json_default,
     partition_segment,
+    partition_value_error,
+    partition_value_problem,
     schema_id,
 )
 from .options import EXT, PYARROW_STREAM_CODEC, TEXT_SUFFIX, FileSinkOptions
@@ -152,11 +154,13 @@ class FileWriter(CoordinatedSinkWriter[dict[str, Any]]):
         segments = []
         for c in cols:
             enc = pc.dictionary_encode(batch.column(c))
+            values = enc.dictionary.to_pylist()
+            for v in values:  # the rule of Spark's writer too (guard_partition_values)
+                problem = partition_value_problem(c, v)
+                if problem is not None:
+                    raise partition_value_error(c, v, *problem)
             seg_dict = pa.array(
-                [
-                    f"{escape_partition_value(c)}={partition_segment(v)}"
-                    for v in enc.dictionary.to_pylist()
-                ],
+                [f"{escape_partition_value(c)}={partition_segment(v)}" for v in values],
                 pa.string(),
             )
             seg = pc.take(seg_dict, enc.indices)

@@ -39,10 +39,11 @@ __all__ = [
 log = logging.getLogger("eosink.iceberg")
 
 PYICEBERG_TESTED = ">=0.10,<0.13"
-"""The pyiceberg versions this module is tested with (``tests/test_iceberg_compat.py`` and the
-iceberg tests pass with 0.10, 0.11 and 0.12). pyiceberg 0.9 works too (the shims below) except
-for decimal columns, which its own Parquet writer cannot write (its statistics code expects
-INT32/INT64 decimals, its writer writes FIXED_LEN_BYTE_ARRAY)."""
+"""The pyiceberg versions the sink runs without a warning. The test suite runs the lock file's
+pyiceberg (0.12); 0.10 and 0.11 passed ``tests/test_iceberg_compat.py`` and the iceberg tests
+by hand when this module was written, and nothing re-runs them. pyiceberg 0.9 worked too (the
+shims below) except for decimal columns, which its own Parquet writer cannot write (its
+statistics code expects INT32/INT64 decimals, its writer writes FIXED_LEN_BYTE_ARRAY)."""
 
 _LOW, _HIGH = (0, 10), (0, 13)
 _warned: list[str] = []

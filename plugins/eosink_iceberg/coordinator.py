@@ -53,6 +53,7 @@ from eosink import (
     TargetMarker,
     fault_point,
 )
+from eosink.util import abandon_hint
 
 from . import _compat, cdc
 from .datafiles import data_file_from_json, epoch_of_file, native_write_dir, norm, sink_key
@@ -776,6 +777,7 @@ class IcebergCoordinator(
             self._sweep_epoch(table, epoch, committable)
             return
         data_files = [data_file_from_json(f) for f in committable["files"]]
+        self._check_present(table, epoch, [df.file_path for df in data_files], "data")
         props = self._epoch_props(table, epoch)
         try:
             with _compat.transaction(table) as tx:
@@ -786,7 +788,7 @@ class IcebergCoordinator(
                     for i, df in enumerate(data_files):
                         app.append_data_file(df)
                         if i == 0:
-                            fault_point("mid_commit")
+                            fault_point("mid_commit", site="append")
                 tx.set_properties(props)
         except CommitFailedException as exc:
             raise CommitFailedError(f"iceberg commit of epoch {epoch} conflicted: {exc}") from None
@@ -797,6 +799,39 @@ class IcebergCoordinator(
         self._sweep_epoch(table, epoch, committable)
         if self.opts.expire_snapshots_keep:
             self._expire(self.opts.expire_snapshots_keep)
+
+    def _check_present(self, table: Any, epoch: int, paths: list[str], kind: str) -> None:
+        """Refuse to commit an epoch whose files are gone: deleted while it was PENDING (an
+        orphan-file cleanup such as Iceberg's ``remove_orphan_files``, which takes files no
+        snapshot references for garbage, or a storage lifecycle rule). Committing would
+        make the table reference missing files (readers fail); its rows are lost either way.
+
+        Raises:
+            SinkError: (permanent) naming the missing files and ``eosink abandon``.
+        """
+        if not paths:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        def gone(path: str) -> bool:
+            try:
+                return not table.io.new_input(path).exists()
+            except FileNotFoundError:
+                return True
+
+        with ThreadPoolExecutor(min(8, len(paths))) as pool:
+            missing = [p for p, g in zip(paths, pool.map(gone, paths), strict=True) if g]
+        if not missing:
+            return
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        shown = ", ".join(missing[:3]) + more
+        raise SinkError(
+            f"iceberg sink {self.sink_id}: epoch {epoch} cannot be committed: {len(missing)} of "
+            f"its {len(paths)} {kind} files are gone ({shown}). They were deleted while the epoch "
+            "was PENDING, by an orphan-file cleanup (remove_orphan_files takes files no "
+            "snapshot references yet) or a storage lifecycle rule; committing them would "
+            "leave the table referencing missing files. " + abandon_hint(self.sink_id, epoch)
+        )
 
     def _commit_changes(self, table: Any, epoch: int, committable: dict[str, Any]) -> None:
         """Phase 2 of an upsert epoch (see ``cdc.py``): one table commit that rewrites the
@@ -820,6 +855,8 @@ class IcebergCoordinator(
         )
         io_props = {**self.opts.catalog_properties(), **table.io.properties}
         t0 = time.perf_counter()
+        staged = [c["path"] for c in committable["changes"] if c.get("rows")]
+        self._check_present(table, epoch, staged, "change")
         changes = cdc.read_changes(spec, committable["changes"], io_props)
         evolve = committable.get("evolve")
         if changes.keys.num_rows == 0 and not evolve:
@@ -841,7 +878,7 @@ class IcebergCoordinator(
                 written += cdc.write_data(
                     metadata, changes.upserts, table.io, self.sink_id, epoch, where
                 )
-                fault_point("mid_commit")
+                fault_point("mid_commit", site="upsert")
                 with tx.update_snapshot(snapshot_properties=summary).overwrite() as ow:
                     for f in gone:
                         ow.delete_data_file(f)

@@ -146,9 +146,61 @@ def load_catalog(opts: IcebergSinkOptions) -> Any:
     require_pyiceberg()
     from pyiceberg.catalog import load_catalog as _load
 
+    props = opts.catalog_properties()
     try:
-        return _load(opts.catalog_name, **opts.catalog_properties())
+        return _load(opts.catalog_name, **props)
     except Exception as exc:
-        raise SinkError(
-            redact(f"cannot open Iceberg catalog {opts.catalog_name!r}: {exc}", opts)
-        ) from None
+        raise catalog_error(opts, props, exc) from None
+
+
+def catalog_error(opts: IcebergSinkOptions, props: dict[str, str], exc: BaseException) -> Any:
+    """The eosink error of a catalog pyiceberg cannot open, naming its type and URI and what
+    to check (secrets redacted): a :class:`ConfigError` when the catalog's server answered
+    that it is not one (HTTP 404) or refused the credentials (401, 403), else a
+    :class:`SinkError` (not reachable, a server error...)."""
+    from eosink import ConfigError
+
+    kind = props.get("type") or ("rest" if props.get("uri", "").startswith("http") else "")
+    uri = props.get("uri", "")
+    named = (
+        f"Iceberg catalog {opts.catalog_name!r} (type {kind!r}, uri {uri!r})"
+        if uri
+        else (f"Iceberg catalog {opts.catalog_name!r} (type {kind!r})")
+    )
+    said = _first_line(exc)
+    response = getattr(exc.__cause__ or exc.__context__, "response", None)
+    status = getattr(response, "status_code", None)
+    if status == 404:
+        msg = (
+            f"cannot open {named}: the server answered HTTP 404 Not Found to "
+            f"{getattr(response, 'url', None) or 'its config request'}, so there is no "
+            "Iceberg REST catalog at that URI. Check catalog['uri'] (the catalog's base URL; "
+            "pyiceberg adds /v1/config) and catalog['prefix'] if your catalog has one. "
+            "Nothing was written"
+        )
+        return ConfigError(redact(msg, opts))
+    if status in (401, 403):
+        msg = (
+            f"cannot open {named}: the server refused the credentials (HTTP {status}: "
+            f"{said}). Check catalog['credential'] or catalog['token'] and their scope. "
+            "Nothing was written"
+        )
+        return ConfigError(redact(msg, opts))
+    reach = type(exc).__name__ in ("ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout")
+    what = "cannot reach" if reach else "cannot open"
+    return SinkError(
+        redact(
+            f"{what} {named}: {said}. Check catalog['uri'] and that the catalog is up "
+            "and reachable from the driver. Nothing was written",
+            opts,
+        )
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    """``Type: first line`` of ``exc``, at most 300 characters."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if len(first) > 300:
+        first = first[:300] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__

@@ -39,6 +39,7 @@ SINK: SinkPlugin[IcebergSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugi
     description="Apache Iceberg tables through pyiceberg (any catalog; local or S3 warehouse)",
     # pyiceberg is imported inside the factories only: without it the sink is still listed.
     requires={"pyiceberg": "eosink[iceberg]"},
+    path_options=("warehouse",),
 )
 
 

@@ -31,7 +31,13 @@ from eosink import (
     fault_point,
 )
 
-from .options import KafkaSinkOptions, check_columns, sink_key, transactional_id
+from .options import (
+    KafkaSinkOptions,
+    check_columns,
+    sink_key,
+    topic_name_problem,
+    transactional_id,
+)
 from .staging import (
     LocalStage,
     S3Stage,
@@ -417,7 +423,16 @@ class KafkaCoordinator(
                     f"kafka sink {self.sink_id} epoch {epoch} cannot be published: " + problems[0]
                 )
             return
-        missing = sorted(t for t in targets if t is not None and t not in existing)
+        invalid = sorted(t for t in targets if t is not None and topic_name_problem(t))
+        if invalid:
+            problems.append(
+                "the topic column holds names Kafka refuses: "
+                + "; ".join(str(topic_name_problem(t)) for t in invalid)
+                + ". Fix the topic column"
+            )
+        missing = sorted(
+            t for t in targets if t is not None and t not in existing and t not in invalid
+        )
         if missing:
             problems.append(
                 f"topic(s) {', '.join(map(repr, missing))} do not exist on "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +19,7 @@ __all__ = [
     "check_columns",
     "redact",
     "sink_key",
+    "topic_name_problem",
     "transactional_id",
 ]
 
@@ -35,6 +37,30 @@ _OWNED = {
 # What the sink assumes a producer sends at the least: a chunk must fit in the transaction
 # timeout at this rate (checked when the options are read).
 MIN_RATE_BYTES_PER_S = 1024 * 1024
+
+
+_TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
+TOPIC_MAX_CHARS = 249
+"""The longest topic name Kafka accepts."""
+
+
+def topic_name_problem(name: str) -> str | None:
+    """Why Kafka refuses ``name`` as a topic name (its rule: ASCII letters, digits, ``.``,
+    ``_`` and ``-``, at most 249 characters, not ``.`` or ``..``), else None."""
+    if name in (".", ".."):
+        return f"{name!r} is not a valid Kafka topic name ('.' and '..' are refused)"
+    if len(name) > TOPIC_MAX_CHARS:
+        return (
+            f"{name[:40]!r}... ({len(name)} characters) is not a valid Kafka topic name "
+            f"(at most {TOPIC_MAX_CHARS} characters)"
+        )
+    if not _TOPIC_CHARS.match(name):
+        bad = "".join(dict.fromkeys(c for c in name if not _TOPIC_CHARS.match(c)))
+        return (
+            f"{name!r} is not a valid Kafka topic name (it has {bad!r}; Kafka allows ASCII "
+            "letters, digits, '.', '_' and '-')"
+        )
+    return None
 
 
 def transactional_id(key: str, slot: int | str) -> str:
@@ -126,6 +152,14 @@ class KafkaSinkOptions(S3Options):
                 given = _json_dict(given)
             out["producer_config"] = {**extra, **dict(given)}
         return out
+
+    @field_validator("topic", "control_topic")
+    @classmethod
+    def _topic_name(cls, v: str | None) -> str | None:
+        problem = None if v is None else topic_name_problem(v)
+        if problem:
+            raise ValueError(f"{problem}; no topic can have this name")
+        return v
 
     @field_validator("producer_config", mode="before")
     @classmethod

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from eosink import ConfigError, CoordinatedSinkWriter, SinkError, WriterContext
 from eosink._s3 import local_tmp_dir, s3_client, split_s3
-from eosink.util import fsync_path
+from eosink.util import abandon_hint, fsync_path
 
 from .options import COLUMNS, KafkaSinkOptions, sink_key
 
@@ -456,8 +456,8 @@ def read_chunk(
         if found is None:
             raise SinkError(
                 f"staged file {stage.url}/{rel} is missing and the records of its chunk rows "
-                f"{start}-{end} were never published: the epoch's data is lost (was the "
-                "staging location deleted, e.g. with the checkpoint holding it?)"
+                f"{start}-{end} were never published (was the staging location deleted, e.g. "
+                "with the checkpoint holding it, or by a lifecycle rule?). " + abandon_hint()
             )
         table = cache[rel] = found
     part = table.slice(start, end - start)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -45,7 +45,7 @@ from eosink.util import sink_key
 from .db import Db, check_types, sql_type_of, transient
 from .options import SqlSinkOptions
 
-__all__ = ["SqlCoordinator", "make_coordinator", "validate_schema"]
+__all__ = ["SqlCoordinator", "describe_open", "make_coordinator", "validate_schema"]
 
 log = logging.getLogger("eosink.sql")
 
@@ -78,6 +78,45 @@ def validate_schema(opts: SqlSinkOptions, schema: pa.Schema) -> None:
             raise SchemaMismatchError(
                 f"sql sink: op_column {opts.op_column!r} must be a string column, not {t}"
             )
+
+
+def hold_name(key: str, epoch: int) -> str:
+    """The ``application_name`` of the session that holds ``epoch``'s phase-1 transaction on
+    PostgreSQL (``key``: the sink's :func:`~eosink.util.sink_key`)."""
+    return f"eosink-hold {key} {epoch}"
+
+
+def describe_open(
+    sink_id: str, last: dict[str, Any] | None, pending: Mapping[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """What a PENDING epoch holds in the target database, for ``eosink status``: its staging
+    tables (one per task attempt that wrote rows; dropped by the commit) and, on PostgreSQL,
+    its phase-1 transaction, which may still be held open (``application_name`` ``eosink-hold
+    <sink key> <epoch>``), with the locks of its statements on the target table, until the
+    commit, the sink's next start or ``eosink recover`` ends it, or :data:`HOLD_S` seconds
+    idle. A COMMITTED epoch leaves nothing open."""
+    key = sink_key(sink_id)
+    out = []
+    for epoch in sorted(pending):
+        c = pending[epoch]
+        tables = list(c.get("tables") or [])
+        target = c["spec"]["table"]
+        hold = hold_name(key, epoch)
+        out.append(
+            {
+                "kind": "staging tables",
+                "what": f"epoch {epoch}: {len(tables)} staging table(s), {c['rows']} rows to "
+                f"move into {target}; on PostgreSQL its phase-1 transaction may be held open "
+                f"(application_name '{hold}', locks on {target}) until the "
+                f"commit or {HOLD_S} s idle",
+                "epoch": epoch,
+                "table": target,
+                "staging_tables": tables,
+                "rows": int(c["rows"]),
+                "hold_application_name": hold,
+            }
+        )
+    return out
 
 
 class SqlCoordinator(
@@ -309,6 +348,9 @@ class SqlCoordinator(
                             f"sql sink epoch {epoch}: staging table {r['table']} holds {got} "
                             f"rows, its task wrote {r['rows']}"
                         )
+                if tables and not self._data_columns:
+                    self._data_columns = self._staged_data_columns(conn, tables[0])
+                    committable["spec"] = self._spec()
                 if tables and self.opts.keys:
                     self._check_repeats(conn, epoch, tables)
             if tables:
@@ -321,6 +363,18 @@ class SqlCoordinator(
         except Exception as exc:
             raise db.error(f"cannot check epoch {epoch}'s staged rows", exc) from None
         return Prepared(committable, files=len(tables))
+
+    def _staged_data_columns(self, conn: Any, table: str) -> list[str]:
+        """The target's columns an epoch staged in ``table``, as :meth:`writer_setup` would
+        have fixed them: ``format("eosink")`` runs phase 1 in another process than the
+        writers' set-up (a data source's commit), with a new coordinator."""
+        import sqlalchemy as sa
+
+        schema = self.opts.staging_schema if self.db.pg else None
+        name = table if self.db.pg else f"eosink_{table}"
+        staged = [c["name"] for c in sa.inspect(conn).get_columns(name, schema=schema)]
+        target = self._target_columns(conn) or {}
+        return [n for n in staged if n in target and n != self.opts.op_column]
 
     def _trial(self, epoch: int, committable: dict[str, Any]) -> None:
         from sqlalchemy import exc as sa_exc
@@ -346,7 +400,7 @@ class SqlCoordinator(
         )
 
     def _hold_name(self, epoch: int) -> str:
-        return f"eosink-hold {self.key} {epoch}"
+        return hold_name(self.key, epoch)
 
     def _hold(self, epoch: int, committable: dict[str, Any]) -> None:
         """Run the epoch's statements in a transaction kept open for :meth:`commit`."""
@@ -483,7 +537,7 @@ class SqlCoordinator(
                         )
                     self._check_counts(conn, epoch, committable)
                     self._apply(conn, epoch, committable)
-                    fault_point("mid_commit")
+                    fault_point("mid_commit", site="fresh")
                     self._epoch_row(conn, epoch, committable)
                 self._drop(conn, epoch)
         except sa_exc.IntegrityError as exc:
@@ -522,7 +576,7 @@ class SqlCoordinator(
 
         conn, tx = self._held.pop(epoch)
         try:
-            fault_point("mid_commit")
+            fault_point("mid_commit", site="held")
             self._epoch_row(conn, epoch, committable)
             names = [n for n, _ in self.db.staging_tables(conn, self.key, epoch)]
             if set(names) - set(committable["tables"]):  # another attempt's: a zombie may

@@ -18,7 +18,7 @@ from typing import Any
 import eosink
 from eosink import JsonCodec, SinkPlugin
 
-from .coordinator import SqlCoordinator, make_coordinator, validate_schema
+from .coordinator import SqlCoordinator, describe_open, make_coordinator, validate_schema
 from .options import SqlSinkOptions
 from .writer import SqlWriter, make_writer
 
@@ -43,6 +43,8 @@ SINK: SinkPlugin[SqlSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     "transaction per epoch",
     # SQLAlchemy is a core dependency; PostgreSQL needs psycopg 3 (checked when used).
     requires={},
+    path_options=("url",),  # a SQLite database's file
+    describe_open=describe_open,
 )
 
 
