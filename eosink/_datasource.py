@@ -66,7 +66,8 @@ from ._journal import Journal
 from ._logs import default_logging
 from ._metastore import BATCH
 from ._paths import absolute, check_no_relative, path_options
-from ._protocol import WRITE, Epoch, SinkRuntime
+from ._protocol import Epoch, SinkRuntime
+from ._rules import WRITE
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import is_connect
 from ._tasks import run_writer

@@ -34,14 +34,22 @@ from ._metastore import (
     MetaStore,
 )
 from ._rules import (
+    FINISH,
+    SKIP,
+    WRITE,
     KnownEpoch,
     PendingEpoch,
     Refusal,
+    base_of_fresh_checkpoint,
     decide_batch_epoch,
     decide_stream_epoch,
     is_own_epoch,
+    journal_entries_to_take,
+    move_base_above_other_runs,
     plan_pending,
     sweep_staged,
+    target_entries_to_take,
+    unrecorded_checkpointed,
 )
 from .errors import (
     EosinkError,
@@ -65,10 +73,6 @@ from .sink import (
 log = logging.getLogger("eosink")
 
 __all__ = ["Epoch", "EpochFigures", "SinkRuntime"]
-
-SKIP, FINISH, WRITE = "skip", "finish", "write"
-"""What to do with an epoch: already committed (discard the new output), finish the commit
-of a crashed run (its PENDING row holds complete data), or write it."""
 
 
 FIGURES_KEPT = 1000
@@ -273,12 +277,14 @@ class SinkRuntime:
             return
         self._imported = True
         have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
-        for e, ent in sorted(journal.entries().items()):
-            if e in have:
-                continue
-            if ent.origin in BATCH_ORIGINS and journal.committed_origin(e) is not None:
-                journal.forget(e)  # committed; the entry's deletion was cut short
-                continue
+        entries = journal.entries()
+        take, forget = target_entries_to_take(
+            {e: ent.origin for e, ent in entries.items()}, have, journal.committed_origin
+        )
+        for e in forget:
+            journal.forget(e)  # committed; the entry's deletion was cut short
+        for e in take:
+            ent = entries[e]
             log.warning(
                 "sink %s epoch %d: a crashed run's PENDING epoch (%s), in the target's journal "
                 "(%s) but unknown to meta store %s; taking it from the journal",
@@ -527,6 +533,7 @@ class SinkRuntime:
                 f"repeats it. Pick an unused epoch (above {self.store.max_epoch(sid)} is always "
                 "free), and keep either explicit or automatic epochs on one sink"
             )
+        assert refusal.reason == "unknown-below-stream-high", refusal
         high = self.store.stream_high(sid)
         return SinkIdentityError(
             f"sink {sid!r} has no record of epoch {epoch}, and epochs up to {high} were "
@@ -586,6 +593,7 @@ class SinkRuntime:
                 "epochs above every used one"
             )
         if isinstance(d, Refusal):
+            assert d.reason == "other-run-gc-epoch", d
             raise SinkIdentityError(
                 f"epoch {epoch} of sink {self.sink_id!r} was committed by another run "
                 "(its record is garbage-collected) while this query's epochs were "
@@ -685,26 +693,26 @@ class SinkRuntime:
             self.write_marker()
             return base
         last = self.store.max_epoch(sid)
+        fresh = base_of_fresh_checkpoint(last, nxt, new_checkpoint)
+        if isinstance(fresh, Refusal):
+            assert fresh.reason == "fresh-checkpoint", fresh
+            raise NewCheckpointError(
+                f"sink {sid!r} already has epochs up to {last} written by other runs, and "
+                f"checkpoint_location {ckpt.location!r} is new to it. A fresh checkpoint "
+                "re-reads the source from its starting offsets, which would duplicate "
+                "rows. Restart with the original checkpoint_location, or pass "
+                "new_checkpoint='continue' to write this query's epochs after "
+                f"epoch {last} (right when the new query's source starts where the old "
+                "stopped)."
+            )
+        base = fresh
         if last >= 0:
-            if new_checkpoint != "continue":
-                raise NewCheckpointError(
-                    f"sink {sid!r} already has epochs up to {last} written by other runs, and "
-                    f"checkpoint_location {ckpt.location!r} is new to it. A fresh checkpoint "
-                    "re-reads the source from its starting offsets, which would duplicate "
-                    "rows. Restart with the original checkpoint_location, or pass "
-                    "new_checkpoint='continue' to write this query's epochs after "
-                    f"epoch {last} (right when the new query's source starts where the old "
-                    "stopped)."
-                )
-            base = last + 1 - nxt
             log.warning(
                 "sink %s: new checkpoint %s; continuing on a new epoch range from %d",
                 sid,
                 ckpt.location,
                 last + 1,
             )
-        else:
-            base = -nxt
         if lineage is None:
             lineage = ckpt.write_lineage()
             fault_point("after_lineage_written")
@@ -766,9 +774,10 @@ class SinkRuntime:
         (rule 9)."""
         assert self.journal is not None
         have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
-        for e, ent in sorted(self.journal.entries().items()):
-            if e > upto or e in have or ent.origin != self.lineage:
-                continue
+        entries = self.journal.entries()
+        origins = {e: ent.origin for e, ent in entries.items()}
+        for e in journal_entries_to_take(origins, have, self.lineage, upto):
+            ent = entries[e]
             log.warning(
                 "sink %s epoch %d: PENDING in the checkpoint's journal, unknown to meta store "
                 "%s; taking it from the journal (it is committed by the recovery)",
@@ -808,11 +817,14 @@ class SinkRuntime:
         assert sink is not None
         # Below base + first_batch: batches of the query before its base moved, whose epochs
         # (other runs' now) were checked then.
-        floor = max(sink.gc_floor, min(entries) - 1 if entries else -1, base + self.first_batch - 1)
-        if checkpointed <= floor:
-            return
         have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
-        missing = [e for e in range(floor + 1, checkpointed + 1) if e not in have]
+        missing = unrecorded_checkpointed(
+            checkpointed,
+            have,
+            sink.gc_floor,
+            min(entries) if entries else None,
+            base + self.first_batch,
+        )
         if missing:
             raise SinkIdentityError(
                 f"sink {self.sink_id!r}: Spark checkpointed epochs up to {checkpointed}, but "
@@ -850,32 +862,29 @@ class SinkRuntime:
         """
         last_batch = ckpt.last_committed_batch()
         nxt = 0 if last_batch is None else last_batch + 1
-        rows = self.store.epochs(self.sink_id)
-        own_ahead = [r for r in rows if r.origin in (None, self.lineage) and r.epoch >= base + nxt]
-        held_ahead = [r for r in own_ahead if held and r.status == PENDING]
-        if len(own_ahead) > len(held_ahead):
-            return base  # this query's own epochs ahead (inline commit before the checkpoint)
-        have = {r.epoch for r in rows}
-        if self.journal is not None and any(
-            e >= base + nxt and e not in have and ent.origin == self.lineage
-            for e, ent in self.journal.entries().items()
-        ):
-            return base  # the same, their rows garbage-collected: the journal keeps the newest
-        top = max((r.epoch for r in rows if r.origin not in (None, self.lineage)), default=-1)
-        if self.adopted_last is not None:
-            top = max(top, self.adopted_last)
         sink = self.store.sink(self.sink_id)
-        if sink is not None:
-            # Committed epochs whose rows were garbage-collected: not this query's (those
-            # would be below its checkpoint, or in its journal), so another run's.
-            top = max(top, sink.gc_floor)
-        if top < base + nxt:
+        plan = move_base_above_other_runs(
+            self.lineage,
+            base,
+            nxt,
+            [KnownEpoch(r.epoch, r.status, r.origin) for r in self.store.epochs(self.sink_id)],
+            (
+                {e: ent.origin for e, ent in self.journal.entries().items()}
+                if self.journal is not None
+                else None
+            ),
+            self.adopted_last,
+            sink.gc_floor if sink is not None else None,
+            held=held,
+        )
+        if plan.base == base:
             return base
-        if held_ahead:
+        if plan.abort_held:
             # PENDING epochs held for the first micro-batch (recover(hold=True)) would land
             # below the new base, where they would count as checkpointed: abort them now.
             self.recover(first_epoch=base + nxt)
-        new_base = top + 1 - nxt
+        new_base = plan.base
+        top = new_base + nxt - 1
         log.warning(
             "sink %s: epochs up to %d were written by other runs while this query was stopped; "
             "its epochs continue from %d",
@@ -1429,7 +1438,7 @@ class AsyncCommitter:
         self._thread.join(timeout=10)
 
 
-def _span(epochs: list[int]) -> str:
+def _span(epochs: Sequence[int]) -> str:
     """``3``, ``3-7`` or ``3, 5, 9-12``: epochs as runs."""
     runs: list[list[int]] = []
     for e in epochs:

@@ -10,30 +10,46 @@ up to a bound, without a meta store, a plugin or Spark (``tests/test_rules.py``)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Set
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from ._metastore.models import ABORTED, COMMITTED, PENDING
 from ._metastore.store import AUTO_ORIGINS, BATCH, BATCH_AUTO, BATCH_ORIGINS
 
 __all__ = [
+    "FINISH",
+    "SKIP",
+    "WRITE",
     "KnownEpoch",
     "PendingEpoch",
+    "Rebase",
     "Refusal",
     "Step",
     "abort_uncheckpointed",
+    "base_of_fresh_checkpoint",
     "commit_checkpointed",
     "commit_other_runs",
     "decide_batch_epoch",
     "decide_stream_epoch",
     "is_own_epoch",
+    "journal_entries_to_take",
+    "move_base_above_other_runs",
     "plan_pending",
     "report_crashed_auto_run",
     "sweep_staged",
+    "target_entries_to_take",
+    "unrecorded_checkpointed",
 ]
 
 StepKind = Literal["retag", "commit", "abort", "defer"]
+
+SKIP: Final = "skip"
+"""A decision: the epoch is committed already; the run's output for it is discarded."""
+FINISH: Final = "finish"
+"""A decision: the epoch is PENDING from a crashed run; it is committed from its record."""
+WRITE: Final = "write"
+"""A decision: the epoch is written (new, or ABORTED and written again)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +169,7 @@ class Refusal:
         "unknown-below-stream-high",
         "other-run-epoch",
         "other-run-gc-epoch",
+        "fresh-checkpoint",
     ]
 
 
@@ -185,15 +202,15 @@ def decide_batch_epoch(
         if rec.origin not in (None, *BATCH_ORIGINS):
             return Refusal("stream-epoch")
         if rec.status == COMMITTED:
-            return ("skip", epoch)
-        return ("finish" if rec.status == PENDING else "write", epoch)
+            return (SKIP, epoch)
+        return (FINISH if rec.status == PENDING else WRITE, epoch)
     if committed_at_target == BATCH:
-        return ("skip", epoch)  # committed by a batch run the meta store does not know
+        return (SKIP, epoch)  # committed by a batch run the meta store does not know
     if committed_at_target == BATCH_AUTO:
         return Refusal("auto-epoch-at-target")
     if epoch <= stream_high:
         return Refusal("unknown-below-stream-high")
-    return ("write", epoch)
+    return (WRITE, epoch)
 
 
 StreamDecision = tuple[Literal["skip", "finish", "write", "abort-then-write"], int] | Refusal
@@ -224,10 +241,129 @@ def decide_stream_epoch(
         return Refusal("other-run-epoch")
     if rec is None:
         if gc_floor is None or epoch > gc_floor:
-            return ("write", epoch)
+            return (WRITE, epoch)
         if has_journal and journal_origin != lineage:
             return Refusal("other-run-gc-epoch")
-        return ("skip", epoch)
+        return (SKIP, epoch)
     if rec.status == ABORTED:
         return ("abort-then-write", epoch)
-    return ("skip" if rec.status == COMMITTED else "finish", epoch)
+    return (SKIP if rec.status == COMMITTED else FINISH, epoch)
+
+
+def base_of_fresh_checkpoint(
+    last_epoch: int, next_batch: int, new_checkpoint: str
+) -> int | Refusal:
+    """Rule 6: the epoch base of a checkpoint new to the sink (its lineage unknown), whose
+    next batch id is ``next_batch``. A sink without epochs (``last_epoch`` -1) maps batch 0 to
+    epoch 0. A sink with history refuses (a fresh checkpoint re-reads the source from its
+    starting offsets), unless ``new_checkpoint == "continue"``: the query's epochs then
+    start right after ``last_epoch``."""
+    if last_epoch < 0:
+        return -next_batch
+    if new_checkpoint != "continue":
+        return Refusal("fresh-checkpoint")
+    return last_epoch + 1 - next_batch
+
+
+@dataclass(frozen=True)
+class Rebase:
+    """Rule 8's plan: the stream's epoch base, and whether the PENDING epochs the start held
+    at or above its first epoch are aborted first (the base moved: below the new base they
+    would count as checkpointed)."""
+
+    base: int
+    abort_held: bool = False
+
+
+def move_base_above_other_runs(
+    lineage: str,
+    base: int,
+    next_batch: int,
+    records: Iterable[KnownEpoch],
+    journal: Mapping[int, str | None] | None,
+    adopted_last: int | None,
+    gc_floor: int | None,
+    *,
+    held: bool,
+) -> Rebase:
+    """Rule 8: a resumed stream (first epoch ``base + next_batch``) whose next epochs were
+    taken meanwhile by other runs moves its base so that its first epoch is right above
+    every used one: other runs' records, the epoch the store knows only from the target's
+    marker (``adopted_last``) and the GC floor (``gc_floor``: committed epochs whose rows are
+    gone, not this query's since those would be below its checkpoint or in its journal).
+
+    The base stays when this query's own epochs lie ahead (an ``inline`` commit before
+    Spark's checkpoint), as records or, garbage-collected, as entries of its ``journal``
+    (epoch -> origin; None without one). PENDING ones the start ``held`` do not count: they
+    are aborted if the base moves."""
+    records = list(records)
+    first = base + next_batch
+    own_ahead = [r for r in records if r.origin in (None, lineage) and r.epoch >= first]
+    held_ahead = [r for r in own_ahead if held and r.status == PENDING]
+    if len(own_ahead) > len(held_ahead):
+        return Rebase(base)
+    have = {r.epoch for r in records}
+    if journal is not None and any(
+        e >= first and e not in have and o == lineage for e, o in journal.items()
+    ):
+        return Rebase(base)
+    used = [r.epoch for r in records if r.origin not in (None, lineage)]
+    used += [e for e in (adopted_last, gc_floor) if e is not None]
+    if not used or max(used) < first:
+        return Rebase(base)
+    return Rebase(max(used) + 1 - next_batch, abort_held=bool(held_ahead))
+
+
+def journal_entries_to_take(
+    entries: Mapping[int, str | None], have: Set[int], lineage: str, upto: int
+) -> tuple[int, ...]:
+    """Rule 9: the epochs of the stream's journal (epoch -> origin) that the meta store lacks
+    (``have``: its records and the epochs an operator abandoned) up to ``upto`` (what Spark
+    checkpointed; every epoch in ``inline`` mode), in epoch order: they are persisted PENDING
+    and rule 1 commits them."""
+    return tuple(
+        e for e in sorted(entries) if e <= upto and e not in have and entries[e] == lineage
+    )
+
+
+def unrecorded_checkpointed(
+    checkpointed: int,
+    have: Set[int],
+    gc_floor: int,
+    journal_oldest: int | None,
+    first_of_base: int,
+) -> tuple[int, ...]:
+    """Rule 9's refusal: the epochs Spark checkpointed (up to ``checkpointed``) that no
+    record holds, after the journal was taken. Epochs up to the store's ``gc_floor`` (-1
+    when nothing was collected) are committed, so are those below the journal's oldest entry
+    (an entry is deleted only once a later epoch is committed) and those below
+    ``first_of_base`` (the query's batches before its base moved, other runs' epochs now,
+    checked then). Any other missing epoch refuses the start: its data may be lost, and only
+    the user can accept that."""
+    floor = max(gc_floor, first_of_base - 1)
+    if journal_oldest is not None:
+        floor = max(floor, journal_oldest - 1)
+    return tuple(e for e in range(floor + 1, checkpointed + 1) if e not in have)
+
+
+def target_entries_to_take(
+    entries: Mapping[int, str | None],
+    have: Set[int],
+    committed_at_target: Callable[[int], str | None],
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Rule 9 for the target's own journal (the file sink on local paths: every run's PENDING
+    epochs, batch runs' and streams'): ``(take, forget)`` in epoch order. An entry the meta
+    store lacks (``have``: its records and abandoned epochs) is a crashed run's PENDING
+    epoch: taken (persisted PENDING; rule 7 commits it), unless it is a batch run's that the
+    target's batch journal already shows committed (``committed_at_target``, asked only of
+    such entries): then its deletion was cut short, and it is forgotten."""
+    take: list[int] = []
+    forget: list[int] = []
+    for e in sorted(entries):
+        if e in have:
+            continue
+        if entries[e] in BATCH_ORIGINS and committed_at_target(e) is not None:
+            forget.append(e)
+        else:
+            take.append(e)
+    return tuple(take), tuple(forget)

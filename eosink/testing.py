@@ -427,7 +427,7 @@ class SinkConformance:
     def test_crash_at_fault_point(self, setup: Any, point: str, checkpointed: bool) -> None:
         """Epoch 0 is committed, epoch 1 crashes at ``point``; a new coordinator recovers
         (epoch 1 checkpointed by Spark, or not and replayed), and every row lands once."""
-        from ._protocol import FINISH, SKIP
+        from ._rules import FINISH, SKIP
 
         plugin, options = setup
 

@@ -226,7 +226,8 @@ def test_batch_between_stream_runs_moves_the_stream_on(spark, tmp_path: Path, ho
 def test_gc_through_the_runtime_then_replay(tmp_path: Path) -> None:
     """> 100 epochs through the runtime garbage-collect old rows; a replay of a collected
     epoch is still detected, a batch epoch among them is refused, and new ones are written."""
-    from eosink._protocol import SKIP, WRITE, SinkRuntime
+    from eosink._protocol import SinkRuntime
+    from eosink._rules import SKIP, WRITE
 
     plugin = eosink.get_sink("file")
     opts = plugin.parse_options({"path": str(tmp_path / "out")})

@@ -39,6 +39,8 @@ def test_plan_pending_keeps_every_promise_over_every_state() -> None:
     for pending in _pending_sets():
         for lineage, first, hold in itertools.product(LINEAGES, range(6), (False, True)):
             plan = plan_pending(lineage, pending, first, hold=hold)
+            if not hold:  # a recovery holds nothing unless asked to
+                assert plan_pending(lineage, pending, first) == plan
             _check_plan(lineage, pending, first, hold, plan)
             checked += 1
     assert checked == 7**4 * 3 * 6 * 2
@@ -92,6 +94,8 @@ def test_sweep_keeps_what_has_a_committable_or_is_visible_or_held() -> None:
                 return e in committed
 
             swept = sweep_staged(staged, live, is_committed, first, hold=hold)
+            if not hold:
+                assert sweep_staged(staged, live, committed.__contains__, first) == swept
             ctx = (staged, live, committed, first, hold, swept)
             assert list(swept) == sorted(swept), ctx
             for e in staged:
@@ -140,18 +144,24 @@ def test_decide_batch_epoch_over_every_record() -> None:
             else:
                 kind, got = d
                 assert got == epoch, ctx
+            reason = d.reason if isinstance(d, Refusal) else None
             if rec is None:
                 if at_target == BATCH:
                     assert kind == "skip", ctx  # the target knows an explicit run did it
                 elif at_target == BATCH_AUTO:
-                    assert kind == "refuse", ctx  # a run without epoch= had it
+                    assert reason == "auto-epoch-at-target", ctx  # a run without epoch= had it
+                elif epoch > high:
+                    assert kind == "write", ctx
                 else:
-                    assert kind == ("write" if epoch > high else "refuse"), ctx
+                    assert reason == "unknown-below-stream-high", ctx  # maybe a stream's
                 continue
             auto = rec.origin in (BATCH_AUTO, BATCH_AUTO_UNREPORTED)
             streams = rec.origin in (STREAM, OTHER_STREAM)
-            if streams or (auto and rec.status != ABORTED):
-                assert kind == "refuse", ctx  # cannot tell whether this run repeats it
+            # A refusal names why (each reason has its own error text: what to do differs).
+            if streams:
+                assert reason == "stream-epoch", ctx  # cannot tell whether this run repeats it
+            elif auto and rec.status != ABORTED:
+                assert reason == "auto-epoch", ctx
             elif rec.status == COMMITTED:
                 assert kind == "skip", ctx  # never written twice
             elif rec.status == PENDING:
@@ -182,15 +192,17 @@ def test_decide_stream_epoch_over_every_record() -> None:
             kind = "refuse" if isinstance(d, Refusal) else d[0]
             if not isinstance(d, Refusal):
                 assert d[1] == epoch, ctx
+            reason = d.reason if isinstance(d, Refusal) else None
             if rec is None:
                 if floor is None or epoch > floor:
                     assert kind == "write", ctx  # never used
                 elif has_journal and entry != STREAM:
-                    assert kind == "refuse", ctx  # committed, and not by this stream
+                    # committed, and not by this stream
+                    assert reason == "other-run-gc-epoch", ctx
                 else:
                     assert kind == "skip", ctx  # this stream's committed epoch, replayed
             elif rec.origin not in (None, STREAM):
-                assert kind == "refuse", ctx  # another run's: never skipped or rewritten
+                assert reason == "other-run-epoch", ctx  # another run's: never skipped or rewritten
             elif rec.status == COMMITTED:
                 assert kind == "skip", ctx
             elif rec.status == PENDING:
@@ -198,3 +210,185 @@ def test_decide_stream_epoch_over_every_record() -> None:
             else:
                 assert kind == "abort-then-write", ctx
     assert n == 4 * 7 * 2 * 6 * 19
+
+
+def test_each_rule_alone_keeps_to_its_own_epochs() -> None:
+    """Rules 1 and 2 decide only this stream's epochs, whatever else plan_pending asks
+    first: another run's PENDING epoch is never 'checkpointed' by this stream, nor aborted by
+    it (rule 7 commits it)."""
+    from eosink._rules import abort_uncheckpointed, commit_checkpointed, commit_other_runs
+
+    for lineage, origin, epoch, first, hold in itertools.product(
+        LINEAGES, ORIGINS, EPOCHS, range(6), (False, True)
+    ):
+        rec = PendingEpoch(epoch, origin)
+        ctx = (lineage, rec, first, hold)
+        own = lineage not in (BATCH, BATCH_AUTO) and origin in (None, lineage)
+        assert commit_checkpointed(lineage, rec, first) == (own and epoch < first), ctx
+        assert abort_uncheckpointed(lineage, rec, first, hold) == (
+            own and epoch >= first and not hold
+        ), ctx
+        assert commit_other_runs(lineage, rec) == (not own), ctx
+
+
+def test_every_refusal_has_its_error() -> None:
+    """Each reason a rule can refuse with has its own error text in the runtime, which
+    builds the error from the reason."""
+    import typing
+
+    from eosink import _protocol
+    from eosink._rules import Refusal
+
+    reasons = typing.get_args(typing.get_type_hints(Refusal)["reason"])
+    source = Path(_protocol.__file__).read_text()
+    assert len(reasons) == 7
+    assert not [r for r in reasons if f'"{r}"' not in source]
+
+
+def test_fresh_checkpoint_refused_on_a_sink_with_history_or_continued_above_it() -> None:
+    """Rule 6 for every last epoch, next batch id and choice: a sink without epochs maps the
+    query's next batch to epoch 0; one with epochs refuses a fresh checkpoint unless told to
+    continue, and then the query's next epoch is right after the sink's last."""
+    from eosink._rules import Refusal, base_of_fresh_checkpoint
+
+    for last, nxt, choice in itertools.product(range(-1, 6), range(5), ("refuse", "continue")):
+        got = base_of_fresh_checkpoint(last, nxt, choice)
+        ctx = (last, nxt, choice, got)
+        if last < 0:
+            assert got == -nxt, ctx
+        elif choice == "refuse":
+            assert got == Refusal("fresh-checkpoint"), ctx
+        else:
+            assert not isinstance(got, Refusal) and got + nxt == last + 1, ctx
+
+
+_REBASE_STATES = (None, "P", "C", "A", "P-other", "C-other", "P-none")
+
+
+def _rebase_records(chosen: tuple[str | None, ...]) -> list[_rules.KnownEpoch]:
+    from eosink._metastore import ABORTED, COMMITTED, PENDING
+
+    status = {"P": PENDING, "C": COMMITTED, "A": ABORTED}
+    out = []
+    for e, c in enumerate(chosen):
+        if c is None:
+            continue
+        kind, _, who = c.partition("-")
+        origin = {"": STREAM, "other": BATCH, "none": None}[who]
+        out.append(_rules.KnownEpoch(e, status[kind], origin))
+    return out
+
+
+def test_rebase_moves_only_above_other_runs_and_never_past_its_own_epochs() -> None:
+    """Rule 8 over every record set of 4 epochs (absent, or each status of this stream's,
+    another run's, an origin-less one), bases, next batches, journals, marker and GC floor,
+    with and without held epochs: the base never moves down; it stays when this stream's own
+    epochs lie ahead (records not held, or journal entries without records); otherwise the
+    first epoch lands right above the highest epoch used by others, and held PENDING epochs
+    ahead are aborted exactly when it moves."""
+    from eosink._metastore import PENDING
+    from eosink._rules import move_base_above_other_runs
+
+    n = 0
+    journals: list[dict[int, str | None] | None] = [None, {4: STREAM}, {4: BATCH, 1: STREAM}]
+    for chosen in itertools.product(_REBASE_STATES, repeat=len(EPOCHS)):
+        records = _rebase_records(chosen)
+        have = {r.epoch for r in records}
+        for base, nxt, journal, adopted, floor, held in itertools.product(
+            (0, 1), (0, 2), journals, (None, 3), (None, 2), (False, True)
+        ):
+            plan = move_base_above_other_runs(
+                STREAM, base, nxt, records, journal, adopted, floor, held=held
+            )
+            ctx = (chosen, base, nxt, journal, adopted, floor, held, plan)
+            n += 1
+            first = base + nxt
+            own = [r for r in records if r.origin in (None, STREAM) and r.epoch >= first]
+            held_own = [r for r in own if held and r.status == PENDING]
+            own_ahead = len(own) > len(held_own) or any(
+                e >= first and e not in have and o == STREAM for e, o in (journal or {}).items()
+            )
+            used = [r.epoch for r in records if r.origin not in (None, STREAM)]
+            used += [x for x in (adopted, floor) if x is not None]
+            assert plan.base >= base, ctx
+            if own_ahead:
+                assert plan.base == base and not plan.abort_held, ctx
+                continue
+            new_first = plan.base + nxt
+            assert all(u < new_first for u in used), ctx  # never onto another run's epoch
+            moved = plan.base != base
+            if moved:
+                assert new_first - 1 == max(used), ctx  # right above, no gap
+            assert plan.abort_held == (moved and bool(held_own)), ctx
+    assert n == 7**4 * 2 * 2 * 3 * 2 * 2 * 2
+
+
+def test_journal_entries_taken_are_exactly_the_missing_checkpointed_ones() -> None:
+    """Rule 9 over every journal of 4 epochs (absent, this stream's, another's, origin-less),
+    every set of epochs the store has and every checkpointed bound: an entry is taken when it
+    is this stream's, checkpointed and unknown to the store; never a recorded or abandoned
+    epoch, never another run's, never one Spark has not checkpointed."""
+    from eosink._rules import journal_entries_to_take
+
+    sets = [frozenset(c) for n in range(len(EPOCHS) + 1) for c in itertools.combinations(EPOCHS, n)]
+    for chosen in itertools.product((False, STREAM, OTHER_STREAM, None), repeat=len(EPOCHS)):
+        entries = {e: o for e, o in zip(EPOCHS, chosen, strict=True) if o is not False}
+        for have, upto in itertools.product(sets, range(-1, 5)):
+            got = journal_entries_to_take(entries, have, STREAM, upto)
+            ctx = (entries, have, upto, got)
+            assert list(got) == sorted(got), ctx
+            for e in EPOCHS:
+                wanted = e in entries and entries[e] == STREAM and e <= upto and e not in have
+                assert (e in got) == wanted, ctx
+
+
+def test_a_checkpointed_epoch_without_a_record_is_reported() -> None:
+    """Rule 9's refusal over every record set and bound: exactly the epochs Spark
+    checkpointed that nothing accounts for are reported (not the GC floor's, not below the
+    journal's oldest entry, not the batches before the base moved)."""
+    from eosink._rules import unrecorded_checkpointed
+
+    sets = [frozenset(c) for n in range(6) for c in itertools.combinations(range(5), n)]
+    for have, ck, floor, oldest, first_of_base in itertools.product(
+        sets, range(-1, 5), range(-1, 3), (None, 0, 2, 4), (0, 2)
+    ):
+        got = unrecorded_checkpointed(ck, have, floor, oldest, first_of_base)
+        ctx = (have, ck, floor, oldest, first_of_base, got)
+        assert list(got) == sorted(got), ctx
+        for e in range(-1, 6):
+            accounted = (
+                e in have or e <= floor or (oldest is not None and e < oldest) or e < first_of_base
+            )
+            assert (e in got) == (0 <= e <= ck and not accounted), ctx
+
+
+def test_target_journal_entries_are_taken_or_forgotten_never_lost() -> None:
+    """Rule 9 for the target's journal over every journal of 4 epochs (absent, or each
+    origin), every set the store has and every answer of the target's batch journal: each
+    entry the store lacks is either taken (a crashed run's complete epoch) or, a batch run's
+    committed at the target, forgotten; a stream's entry is always taken; the target's batch
+    journal is asked only about batch runs' entries."""
+    from eosink._metastore import BATCH_ORIGINS
+    from eosink._rules import target_entries_to_take
+
+    sets = [frozenset(c) for n in range(len(EPOCHS) + 1) for c in itertools.combinations(EPOCHS, n)]
+    for chosen in itertools.product((False, *ORIGINS), repeat=len(EPOCHS)):
+        entries = {e: o for e, o in zip(EPOCHS, chosen, strict=True) if o is not False}
+        for have, committed in itertools.product(sets, sets[:: len(sets) // 4]):
+            asked: list[int] = []
+
+            def at_target(
+                e: int, committed: frozenset[int] = committed, asked: list[int] = asked
+            ) -> str | None:
+                asked.append(e)
+                return BATCH if e in committed else None
+
+            take, forget = target_entries_to_take(entries, have, at_target)
+            ctx = (entries, have, committed, take, forget)
+            assert list(take) == sorted(take) and list(forget) == sorted(forget), ctx
+            for e in EPOCHS:
+                missing = e in entries and e not in have
+                batch = entries.get(e, "") in BATCH_ORIGINS
+                assert (e in forget) == (missing and batch and e in committed), ctx
+                assert (e in take) == (missing and not (batch and e in committed)), ctx
+            assert all(entries[e] in BATCH_ORIGINS and e not in have for e in asked), ctx
