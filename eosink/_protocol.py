@@ -40,7 +40,10 @@ from ._rules import (
     KnownEpoch,
     PendingEpoch,
     Refusal,
+    UnfinishedRun,
+    aborts_to_finish,
     base_of_fresh_checkpoint,
+    decide_auto_epoch,
     decide_batch_epoch,
     decide_stream_epoch,
     is_own_epoch,
@@ -467,27 +470,20 @@ class SinkRuntime:
         self.import_target_journal()
         if epoch is None:
             self.lineage = BATCH_AUTO
-            # A crashed run's epoch (PENDING), or one another run's recovery committed since
-            # (unreported): this run must tell. (PENDING ``batch-auto``: a store written
-            # before epochs were born unreported.)
-            crashed = [
-                r
-                for r in self.store.epochs(sid)
-                if r.origin == BATCH_AUTO_UNREPORTED
-                or (r.origin == BATCH_AUTO and r.status == PENDING)
-            ]
-            # ... and those the target's journal knows (the store that knew is lost)
-            known = {r.epoch for r in crashed}
+            rows = {r.epoch: r for r in self.store.epochs(sid)}
             target = self.target_journal()
-            elsewhere = [e for e in (target.unreported() if target else []) if e not in known]
-            if crashed or elsewhere:
+            auto = decide_auto_epoch(
+                [KnownEpoch(r.epoch, r.status, r.origin) for r in rows.values()],
+                target.unreported() if target else (),
+                self.store.max_epoch(sid),
+            )
+            if isinstance(auto, UnfinishedRun):
                 self.recover(first_epoch=0)  # a batch run commits every PENDING batch epoch
-                for e in sorted(known | set(elsewhere)):
-                    self._report(e, in_store=e in known)  # a crash before: reported again
-                crashed.sort(key=lambda r: r.epoch)
+                for e in sorted({*auto.in_store, *auto.elsewhere}):
+                    self._report(e, in_store=e in auto.in_store)  # a crash before: reported again
                 done = ", ".join(
-                    [f"epoch {r.epoch} ({r.rows} rows)" for r in crashed]
-                    + [f"epoch {e}" for e in elsewhere]
+                    [f"epoch {e} ({rows[e].rows} rows)" for e in auto.in_store]
+                    + [f"epoch {e}" for e in auto.elsewhere]
                 )
                 raise UnfinishedRunError(
                     f"sink {sid!r}: an earlier run without epoch= crashed after its data was "
@@ -496,7 +492,7 @@ class SinkRuntime:
                     "are done; if it brings new data, run it again. Pass epoch= (e.g. the "
                     "date of the data) to make re-runs safe"
                 )
-            return WRITE, self.store.max_epoch(sid) + 1
+            return auto
         self.lineage = BATCH
         r = self.store.epoch(sid, epoch)
         rec = KnownEpoch(r.epoch, r.status, r.origin) if r is not None else None
@@ -997,8 +993,10 @@ class SinkRuntime:
                     step.epoch,
                 )
                 self.store.mark_aborted(self.sink_id, self.generation, step.epoch)
-        for rec in self.store.epochs(self.sink_id, (ABORTED,)):
-            self._finish_aborted(rec)  # rule 3
+        aborted = {r.epoch: r for r in self.store.epochs(self.sink_id, (ABORTED,))}
+        known = [KnownEpoch(r.epoch, r.status, r.origin) for r in aborted.values()]
+        for e in aborts_to_finish(known):
+            self._finish_aborted(aborted[e])
         if isinstance(self.coordinator, StagedEpochs):
             live = {r.epoch for r in self.store.epochs(self.sink_id, (PENDING,))} | keep_staged
             staged = self.coordinator.staged_epochs()

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from ._metastore.models import ABORTED, COMMITTED, PENDING
-from ._metastore.store import AUTO_ORIGINS, BATCH, BATCH_AUTO, BATCH_ORIGINS
+from ._metastore.store import (
+    AUTO_ORIGINS,
+    BATCH,
+    BATCH_AUTO,
+    BATCH_AUTO_UNREPORTED,
+    BATCH_ORIGINS,
+)
 
 __all__ = [
     "FINISH",
@@ -27,9 +33,11 @@ __all__ = [
     "Refusal",
     "Step",
     "abort_uncheckpointed",
+    "aborts_to_finish",
     "base_of_fresh_checkpoint",
     "commit_checkpointed",
     "commit_other_runs",
+    "decide_auto_epoch",
     "decide_batch_epoch",
     "decide_stream_epoch",
     "is_own_epoch",
@@ -367,3 +375,40 @@ def target_entries_to_take(
         else:
             take.append(e)
     return tuple(take), tuple(forget)
+
+
+def aborts_to_finish(records: Iterable[KnownEpoch]) -> tuple[int, ...]:
+    """Rule 3: every ABORTED epoch, in epoch order, has its staged data aborted (again: an
+    abort cut short by a crash, or one whose plugin raised, is retried at every start)."""
+    return tuple(sorted(r.epoch for r in records if r.status == ABORTED))
+
+
+@dataclass(frozen=True)
+class UnfinishedRun:
+    """Rule 5 for a run without ``epoch=``: earlier such runs crashed with their data
+    complete. Their epochs are committed and reported, and this run is refused
+    (:class:`~eosink.errors.UnfinishedRunError`): it cannot tell whether it repeats them."""
+
+    in_store: tuple[int, ...]
+    """Their epochs the meta store knows (PENDING, or committed by another run's recovery)."""
+    elsewhere: tuple[int, ...]
+    """Those only the target's batch journal knows (the store that knew them is lost)."""
+
+
+def decide_auto_epoch(
+    records: Iterable[KnownEpoch], unreported_at_target: Iterable[int], max_epoch: int
+) -> tuple[Literal["write"], int] | UnfinishedRun:
+    """Rule 5 for a batch run without ``epoch=``: the next free epoch (above ``max_epoch``,
+    the highest the sink used), unless an earlier run without ``epoch=`` crashed after its
+    data was complete: a ``batch-auto`` epoch still PENDING, one another run's recovery
+    committed since (``batch-auto-unreported``), or one the target's batch journal lists as
+    unreported (``unreported_at_target``)."""
+    crashed = {
+        r.epoch
+        for r in records
+        if r.origin == BATCH_AUTO_UNREPORTED or (r.origin == BATCH_AUTO and r.status == PENDING)
+    }
+    elsewhere = {e for e in unreported_at_target if e not in crashed}
+    if crashed or elsewhere:
+        return UnfinishedRun(tuple(sorted(crashed)), tuple(sorted(elsewhere)))
+    return (WRITE, max_epoch + 1)

@@ -392,3 +392,55 @@ def test_target_journal_entries_are_taken_or_forgotten_never_lost() -> None:
                 assert (e in forget) == (missing and batch and e in committed), ctx
                 assert (e in take) == (missing and not (batch and e in committed)), ctx
             assert all(entries[e] in BATCH_ORIGINS and e not in have for e in asked), ctx
+
+
+def test_every_aborted_epoch_is_aborted_again() -> None:
+    """Rule 3 over every record set of 4 epochs (absent, or each status): exactly the
+    ABORTED epochs, in epoch order, whatever order the records come in."""
+    from eosink._metastore import ABORTED, COMMITTED, PENDING
+    from eosink._rules import KnownEpoch, aborts_to_finish
+
+    for chosen in itertools.product((None, PENDING, COMMITTED, ABORTED), repeat=len(EPOCHS)):
+        records = [KnownEpoch(e, st, BATCH) for e, st in zip(EPOCHS, chosen, strict=True) if st]
+        want = [e for e, st in zip(EPOCHS, chosen, strict=True) if st == ABORTED]
+        assert list(aborts_to_finish(records)) == want, chosen
+        assert list(aborts_to_finish(reversed(records))) == want, chosen
+
+
+def test_a_run_without_epoch_refuses_after_a_crashed_one_or_takes_the_next_free() -> None:
+    """Rule 5 for a run without ``epoch=`` over every record set of 3 epochs (absent, or each
+    status with the origin of an explicit run, an automatic one, an unreported one or a
+    stream), lists of the target's unreported epochs and highest epochs: refused exactly when an earlier run without ``epoch=``
+    crashed with its data complete (its epoch PENDING, or committed by another run and not
+    reported, here or only at the target), naming each such epoch once; else the epoch is
+    above every used one."""
+    from eosink._metastore import ABORTED, COMMITTED, PENDING
+    from eosink._rules import KnownEpoch, UnfinishedRun, decide_auto_epoch
+
+    states = [None] + [
+        (st, o)
+        for st in (PENDING, COMMITTED, ABORTED)
+        for o in (BATCH, BATCH_AUTO, BATCH_AUTO_UNREPORTED, STREAM)
+    ]
+    n = 0
+    for chosen in itertools.product(states, repeat=3):
+        records = [KnownEpoch(e, *c) for e, c in enumerate(chosen) if c is not None]
+        for at_target, high in itertools.product(((), (1,), (2, 5)), (-1, 2, 6)):
+            d = decide_auto_epoch(records, at_target, high)
+            ctx = (records, at_target, high, d)
+            n += 1
+            crashed = {
+                r.epoch
+                for r in records
+                if (r.origin == BATCH_AUTO and r.status == PENDING)
+                or r.origin == BATCH_AUTO_UNREPORTED
+            }
+            if crashed or at_target:
+                assert isinstance(d, UnfinishedRun), ctx
+                assert set(d.in_store) == crashed, ctx
+                assert set(d.elsewhere) == set(at_target) - crashed, ctx
+                assert list(d.in_store) == sorted(d.in_store), ctx
+                assert list(d.elsewhere) == sorted(d.elsewhere), ctx
+            else:
+                assert d == ("write", high + 1), ctx
+    assert n == 13**3 * 9
