@@ -410,10 +410,10 @@ def test_every_aborted_epoch_is_aborted_again() -> None:
 def test_a_run_without_epoch_refuses_after_a_crashed_one_or_takes_the_next_free() -> None:
     """Rule 5 for a run without ``epoch=`` over every record set of 3 epochs (absent, or each
     status with the origin of an explicit run, an automatic one, an unreported one or a
-    stream), lists of the target's unreported epochs and highest epochs: refused exactly when an earlier run without ``epoch=``
-    crashed with its data complete (its epoch PENDING, or committed by another run and not
-    reported, here or only at the target), naming each such epoch once; else the epoch is
-    above every used one."""
+    stream), lists of the target's unreported epochs and highest epochs: refused exactly
+    when an earlier run without ``epoch=`` crashed with its data complete (its epoch
+    PENDING, or committed by another run and not reported, here or only at the target),
+    naming each such epoch once; else the epoch is above every used one."""
     from eosink._metastore import ABORTED, COMMITTED, PENDING
     from eosink._rules import KnownEpoch, UnfinishedRun, decide_auto_epoch
 
