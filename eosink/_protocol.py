@@ -473,7 +473,7 @@ class SinkRuntime:
             rows = {r.epoch: r for r in self.store.epochs(sid)}
             target = self.target_journal()
             auto = decide_auto_epoch(
-                [KnownEpoch(r.epoch, r.status, r.origin) for r in rows.values()],
+                [_known(r) for r in rows.values()],
                 target.unreported() if target else (),
                 self.store.max_epoch(sid),
             )
@@ -495,7 +495,7 @@ class SinkRuntime:
             return auto
         self.lineage = BATCH
         r = self.store.epoch(sid, epoch)
-        rec = KnownEpoch(r.epoch, r.status, r.origin) if r is not None else None
+        rec = _known(r) if r is not None else None
         was, high = None, -1
         if rec is None:
             target = self.target_journal()
@@ -561,7 +561,7 @@ class SinkRuntime:
             FencedError: a newer coordinator took over.
         """
         r = self.store.epoch(self.sink_id, epoch)
-        rec = KnownEpoch(r.epoch, r.status, r.origin) if r is not None else None
+        rec = _known(r) if r is not None else None
         gc_floor, journal_origin = None, None
         if rec is None:
             sink = self.store.sink(self.sink_id)
@@ -863,7 +863,7 @@ class SinkRuntime:
             self.lineage,
             base,
             nxt,
-            [KnownEpoch(r.epoch, r.status, r.origin) for r in self.store.epochs(self.sink_id)],
+            [_known(r) for r in self.store.epochs(self.sink_id)],
             (
                 {e: ent.origin for e, ent in self.journal.entries().items()}
                 if self.journal is not None
@@ -994,7 +994,7 @@ class SinkRuntime:
                 )
                 self.store.mark_aborted(self.sink_id, self.generation, step.epoch)
         aborted = {r.epoch: r for r in self.store.epochs(self.sink_id, (ABORTED,))}
-        known = [KnownEpoch(r.epoch, r.status, r.origin) for r in aborted.values()]
+        known = [_known(r) for r in aborted.values()]
         for e in aborts_to_finish(known):
             self._finish_aborted(aborted[e])
         if isinstance(self.coordinator, StagedEpochs):
@@ -1434,6 +1434,11 @@ class AsyncCommitter:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
+
+
+def _known(r: Any) -> KnownEpoch:
+    """An epoch's meta-store row as the rules see it."""
+    return KnownEpoch(r.epoch, r.status, r.origin)
 
 
 def _span(epochs: Sequence[int]) -> str:
