@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ._session import arrow_schema
+from ._staging import is_connect
 from ._tasks import _task_fn
 from .errors import EosinkError, SinkError
 from .faults import fault_point
@@ -80,6 +81,7 @@ def write_epoch(
     """
     kind = writer_kind(coordinator, schema if schema is not None else arrow_schema(df))
     t0 = time.perf_counter()
+    tag = _tag_jobs(df.sparkSession)
     try:
         if kind == "spark":
             assert isinstance(coordinator, SparkWriter)
@@ -87,6 +89,10 @@ def write_epoch(
         else:
             results, rows = _write_python(df, plugin, options, sink_id, epoch, setup)
     except Exception as exc:
+        # Spark fails the job as soon as one task fails, while other tasks of it may still
+        # be writing: the caller's abort must not run before they stopped, or what they
+        # stage after it is left behind (until the sink's next write sweeps it, rule 4).
+        _wait_for_tasks(df.sparkSession, tag, sink_id, epoch)
         if isinstance(exc, EosinkError):
             raise
         raised = task_eosink_error(exc, f"(sink {sink_id} epoch {epoch}: raised in a Spark task)")
@@ -96,7 +102,74 @@ def write_epoch(
         raise SinkError(
             f"sink {sink_id} epoch {epoch}: writing failed in {where}: {_root_cause(exc)}"
         ) from exc
+    finally:
+        _untag_jobs(df.sparkSession, tag)
     return Written(results, rows, time.perf_counter() - t0, kind)
+
+
+#: How long a failed write waits for the other tasks of its Spark jobs to stop.
+TASKS_STOP_TIMEOUT = 60.0
+
+
+def _tag_jobs(spark: Any) -> str | None:
+    """Tag the Spark jobs this thread starts with a fresh tag (classic sessions; None over
+    Spark Connect, where this process cannot see the server's tasks)."""
+    if is_connect(spark):
+        return None
+    tag = f"eosink-write-{uuid.uuid4().hex}"
+    try:
+        spark.sparkContext.addJobTag(tag)
+    except Exception:  # a session that cannot tag jobs: no wait on failure
+        return None
+    return tag
+
+
+def _untag_jobs(spark: Any, tag: str | None) -> None:
+    if tag is not None:
+        try:
+            spark.sparkContext.removeJobTag(tag)
+        except Exception:  # the session is gone: nothing to untag
+            pass
+
+
+def _active_tasks(spark: Any, tag: str) -> int:
+    """Tasks still running in the Spark jobs tagged ``tag`` (killed ones count until their
+    end reaches the driver)."""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    active = 0
+    for job_id in tracker.getJobIdsForTag(tag):
+        job = tracker.getJobInfo(job_id)
+        if job.isEmpty():
+            continue
+        for stage_id in job.get().stageIds():
+            stage = tracker.getStageInfo(stage_id)
+            if not stage.isEmpty():
+                active += int(stage.get().numActiveTasks())
+    return active
+
+
+def _wait_for_tasks(spark: Any, tag: str | None, sink_id: str, epoch: int) -> None:
+    """Return when no task of the jobs tagged ``tag`` runs any more (at most
+    :data:`TASKS_STOP_TIMEOUT` seconds; then the failure goes on with a warning)."""
+    if tag is None:
+        return
+    deadline = time.monotonic() + TASKS_STOP_TIMEOUT
+    try:
+        while (active := _active_tasks(spark, tag)) > 0:
+            if time.monotonic() > deadline:
+                log.warning(
+                    "eosink: sink %s epoch %s: %d task(s) of the failed write still run after "
+                    "%.0f s; aborting the epoch now: what they stage later stays under the "
+                    "sink's staging area until its next write deletes it",
+                    sink_id,
+                    epoch,
+                    active,
+                    TASKS_STOP_TIMEOUT,
+                )
+                return
+            time.sleep(0.05)
+    except Exception as exc:  # never make a failure worse
+        log.debug("eosink: cannot follow the failed write's tasks: %s", exc)
 
 
 def _write_python(

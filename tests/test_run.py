@@ -378,6 +378,59 @@ def test_epoch_refused_in_phase_1_leaves_nothing_staged(
     assert read_ids(out) == list(range(6))
 
 
+def test_failed_write_aborts_after_its_other_tasks_stopped(spark, tmp_path: Path) -> None:
+    """One task of an epoch fails while another has not started writing yet (a slow
+    partition, a loaded executor): Spark fails the job at once, but the run aborts the epoch
+    only when the other task stopped, so what it staged is deleted too, not left under
+    _eosink_staging/ (CI saw it with a partition value refused in one task)."""
+    import dataclasses
+
+    from eosink.registry import get_sink, plugin_manager
+
+    base = get_sink("file")
+    make = base.writer_factory
+
+    def writer_factory(options: Any, ctx: Any) -> Any:
+        w = make(options, ctx)
+        if ctx.partition_id == 0:
+
+            def refuse(batch: Any) -> None:
+                raise ValueError("partition 0 refuses its rows")
+
+            w.write_batch = refuse
+        else:
+            time.sleep(1.0)  # starts writing after partition 0 failed the job
+        return w
+
+    slow = dataclasses.replace(base, name="file_late_task", writer_factory=writer_factory)
+
+    class Provider:
+        @eosink.hookimpl
+        def eosink_sinks(self) -> list[Any]:
+            return [slow]
+
+    pm = plugin_manager()
+    provider = Provider()
+    pm.register(provider, name="late-task-provider")
+    out = tmp_path / "out"
+    df = spark.range(0, 8, 1, 2)
+    try:
+        with pytest.raises(SinkError, match="partition 0 refuses its rows"):
+            eosink.run(
+                df,
+                sink="file_late_task",
+                path=str(out),
+                writer="python",
+                epoch=0,
+                metastore_url=f"sqlite:///{tmp_path / 'm.db'}",
+            )
+        assert staged_files(out) == []
+        time.sleep(1.5)  # a task still running would have staged by now
+        assert staged_files(out) == []
+    finally:
+        pm.unregister(provider)
+
+
 def test_zombie_coordinator_cannot_commit(spark, tmp_path: Path, metastore_url: str) -> None:
     from eosink._metastore import MetaStore
     from eosink._protocol import SinkRuntime
