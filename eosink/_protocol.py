@@ -54,8 +54,8 @@ from ._rules import (
     target_entries_to_take,
     unrecorded_checkpointed,
 )
+from ._transient import classify_error
 from .errors import (
-    EosinkError,
     FencedError,
     NewCheckpointError,
     SinkError,
@@ -1211,10 +1211,14 @@ class SinkRuntime:
                 break
             except FencedError:
                 raise
-            except EosinkError as exc:
+            except Exception as exc:
+                # commit is idempotent (the plugin contract): any error the one rule calls
+                # transient (a plugin's CommitFailedError, a catalog's 503, a lost
+                # connection) is retried, whoever raised it.
                 if deadline is None:
                     deadline = time.monotonic() + self.commit_retry_max_s
-                final = not exc.transient or time.monotonic() > deadline
+                verdict = classify_error(exc)
+                final = not verdict.transient or time.monotonic() > deadline
                 self.store.record_error(
                     self.sink_id,
                     f"epoch {epoch}: commit failed{' for good' if final else ' (retried)'}: "

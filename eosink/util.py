@@ -6,6 +6,8 @@ behaves the same way (secrets never printed, durable local files, stable short n
 * :func:`fsync_path` makes a local file, or the names in a directory, durable.
 * :func:`sink_key` is a short, stable name of a sink id for file names, transactional ids
   and marker keys.
+* :func:`classify_error` says whether an error of a database, S3, Kafka, an Iceberg catalog
+  or the operating system may pass on a retry (the rule the core's commit retry uses).
 """
 
 from __future__ import annotations
@@ -18,7 +20,18 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["abandon_hint", "fsync_path", "is_secret_name", "redact", "sink_key"]
+from ._transient import ErrorVerdict, classify_error, is_transient
+
+__all__ = [
+    "ErrorVerdict",
+    "abandon_hint",
+    "classify_error",
+    "fsync_path",
+    "is_secret_name",
+    "is_transient",
+    "redact",
+    "sink_key",
+]
 
 _SECRET_NAME = re.compile(
     r"secret|passw|pwd|token|credential|(^|[._-])key($|[._-])|auth|private|pem|jaas", re.I

@@ -44,6 +44,7 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 
+from .._transient import classify_error
 from ..errors import (
     ConfigError,
     FencedError,
@@ -178,33 +179,11 @@ def redact_url(url: str) -> str:
         return "<unparseable meta store URL>"
 
 
-# Operational errors that no retry fixes: a read-only database or file, missing permissions,
-# a refused login (SQLite's messages; PostgreSQL's SQLSTATEs and messages).
-_PERMANENT = (
-    ("readonly database", "the database is read-only"),
-    ("read-only", "the database is read-only"),
-    ("unable to open database file", "the database file cannot be opened or created"),
-    ("permission denied", "permission denied"),
-    ("authentication failed", "the login was refused"),
-    ("no password supplied", "the login was refused"),
-)
-_PERMANENT_SQLSTATES = {"25006": "the database is read-only", "42501": "permission denied"}
-_LOGIN_SQLSTATES = ("28",)  # invalid authorization specification
-
-
 def _permanent(exc: BaseException) -> str | None:
-    """Why an operational error of the meta store is permanent, or None (transient)."""
-    orig = getattr(exc, "orig", exc)
-    code = str(getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None) or "")
-    if code in _PERMANENT_SQLSTATES:
-        return _PERMANENT_SQLSTATES[code]
-    if code.startswith(_LOGIN_SQLSTATES):
-        return "the login was refused"
-    text = str(orig).lower()
-    for needle, why in _PERMANENT:
-        if needle in text:
-            return why
-    return None
+    """Why an operational error of the meta store is permanent (eosink's one rule,
+    :func:`eosink.util.classify_error`), or None (transient)."""
+    verdict = classify_error(exc)
+    return None if verdict.transient else verdict.why
 
 
 def default_url(checkpoint_location: str | None = None) -> str:

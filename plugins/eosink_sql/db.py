@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from eosink import SchemaMismatchError, SinkError
-from eosink.util import redact
+from eosink.util import classify_error, redact
 
 from .options import SqlSinkOptions, normalized_url
 
@@ -151,13 +151,9 @@ def check_types(schema: pa.Schema) -> None:
 
 
 def transient(exc: BaseException) -> bool:
-    """A lost connection or a lock timeout (retrying may succeed), not a statement the
-    database refuses."""
-    text = str(getattr(exc, "orig", exc)).lower()
-    return any(
-        w in text
-        for w in ("connection", "server closed", "terminating", "timeout", "locked", "busy")
-    )
+    """A lost connection, a lock timeout, a deadlock (retrying may succeed), not a statement
+    the database refuses: eosink's one rule (:func:`eosink.util.classify_error`)."""
+    return classify_error(exc).transient
 
 
 class Db:
