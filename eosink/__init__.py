@@ -34,6 +34,7 @@ from .faults import fault_point
 from .hookspecs import hookimpl
 from .registry import SinkInfo, get_sink, list_sinks
 from .sink import (
+    Capabilities,
     Codec,
     CoordinatedSinkWriter,
     JournalHome,
@@ -84,6 +85,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchResult",
+    "Capabilities",
     "Codec",
     "CommitFailedError",
     "CommitStateUnknownError",

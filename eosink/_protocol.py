@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -64,6 +64,7 @@ from .errors import (
 )
 from .faults import fault_point
 from .sink import (
+    Capabilities,
     JournalHome,
     Prepared,
     Rolling,
@@ -71,6 +72,7 @@ from .sink import (
     SinkPlugin,
     StagedEpochs,
     TargetMarker,
+    capabilities_of,
 )
 
 log = logging.getLogger("eosink")
@@ -226,6 +228,9 @@ class SinkRuntime:
     gc_every: int = 100
     commit_retry_max_s: float = 30.0
     coordinator: SinkCommitCoordinator[Any, Any] = field(init=False)
+    caps: Capabilities = field(init=False, default_factory=Capabilities)
+    """What the coordinator offers beyond the mandatory contract (the plugin's declared
+    record): the only source of "does this sink have a marker, a journal home...?"."""
     generation: int = field(init=False, default=0)
     figures: dict[int, EpochFigures] = field(init=False, default_factory=dict)
     lineage: str = field(init=False, default=BATCH)
@@ -264,8 +269,8 @@ class SinkRuntime:
 
     def target_journal(self) -> Journal | None:
         """The journal beside the target, if the sink has one (opened once)."""
-        if self._target is None and isinstance(self.coordinator, JournalHome):
-            location = self.coordinator.journal_location()
+        if self._target is None and self.caps.journal_home:
+            location = cast(JournalHome, self.coordinator).journal_location()
             if location:
                 self._target = Journal(CheckpointDir(None, location), self.sink_id, prefix="")
         return self._target
@@ -321,6 +326,7 @@ class SinkRuntime:
         sid = self.sink_id
         existing = self.store.sink(sid)
         self.coordinator = self.plugin.coordinator_factory(self.options, sid)
+        self.caps = capabilities_of(self.plugin, self.coordinator)
         self.coordinator.init()
         target = self.coordinator.target_id()
         if existing is not None and existing.plugin != self.plugin.name:
@@ -338,7 +344,7 @@ class SinkRuntime:
                 "the target)"
             )
         marker = (
-            self.coordinator.read_marker() if isinstance(self.coordinator, TargetMarker) else None
+            cast(TargetMarker, self.coordinator).read_marker() if self.caps.target_marker else None
         )
         known = self.store.max_epoch(sid) if existing is not None else -1
         marked = int(marker.get("last_epoch", -1)) if marker else -1
@@ -370,7 +376,7 @@ class SinkRuntime:
                 self.store.set_lineage(
                     sid, self.generation, str(marker["lineage"]), int(marker["epoch_base"])
                 )
-        elif marker is None and known >= 0 and isinstance(self.coordinator, TargetMarker):
+        elif marker is None and known >= 0 and self.caps.target_marker:
             log.warning(
                 "sink %s: the meta store has epochs up to %d but the target has no eosink "
                 "marker (was the target deleted or recreated?); writing a new one",
@@ -394,7 +400,7 @@ class SinkRuntime:
 
     def write_marker(self) -> None:
         """Write the sink's marker into the target when it changed (TargetMarker plugins)."""
-        if not isinstance(self.coordinator, TargetMarker):
+        if not self.caps.target_marker:
             return
         rec = self.store.sink(self.sink_id)
         assert rec is not None
@@ -408,7 +414,7 @@ class SinkRuntime:
         have = {k: v for k, v in (self._marker or {}).items() if k != "last_epoch"}
         if have != want:
             self.assert_live()
-            self.coordinator.write_marker(want)
+            cast(TargetMarker, self.coordinator).write_marker(want)
             self._marker = want
 
     # -- one epoch of a run ----------------------------------------------------------------
@@ -896,9 +902,9 @@ class SinkRuntime:
 
     def roll(self, everything: bool) -> int:
         """Let a sink whose files span epochs publish the due ones (:class:`Rolling`)."""
-        c = self.coordinator
-        if not isinstance(c, Rolling):
+        if not self.caps.rolling:
             return 0
+        c = cast(Rolling, self.coordinator)
         wait = None if everything else c.next_roll_in()
         if everything or (wait is not None and wait <= 0):
             self.assert_live()
@@ -997,9 +1003,9 @@ class SinkRuntime:
         known = [_known(r) for r in aborted.values()]
         for e in aborts_to_finish(known):
             self._finish_aborted(aborted[e])
-        if isinstance(self.coordinator, StagedEpochs):
+        if self.caps.staged_epochs:
             live = {r.epoch for r in self.store.epochs(self.sink_id, (PENDING,))} | keep_staged
-            staged = self.coordinator.staged_epochs()
+            staged = cast(StagedEpochs, self.coordinator).staged_epochs()
             for e in sweep_staged(staged, live, self.is_committed, first_epoch, hold=hold):
                 log.info("sink %s: discarding data staged for epoch %d", self.sink_id, e)
                 self._abort(e, None)

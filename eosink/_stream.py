@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
@@ -129,7 +129,7 @@ def write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
     setup = ep.setup(schema)
     try:
         return write_epoch(
-            df, rt.plugin, rt.options, rt.sink_id, ep.epoch, setup, rt.coordinator, schema
+            df, rt.plugin, rt.options, rt.sink_id, ep.epoch, setup, rt.coordinator, schema, rt.caps
         )
     except BaseException:
         ep.discard()
@@ -171,11 +171,10 @@ class Roller:
     @staticmethod
     def start_for(runtime: SinkRuntime) -> Roller | None:
         """A roller when the sink's files span epochs (:class:`~eosink.sink.Rolling`)."""
-        return Roller(runtime) if isinstance(runtime.coordinator, Rolling) else None
+        return Roller(runtime) if runtime.caps.rolling else None
 
     def _loop(self) -> None:
-        coord = self.runtime.coordinator
-        assert isinstance(coord, Rolling)
+        coord = cast(Rolling, self.runtime.coordinator)
         while not self._stop.is_set():
             wait = coord.next_roll_in()
             if wait is not None and wait <= 0:

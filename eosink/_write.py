@@ -15,7 +15,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
@@ -24,7 +24,7 @@ from ._staging import is_connect
 from ._tasks import _task_fn
 from .errors import EosinkError, SinkError
 from .faults import fault_point
-from .sink import SinkCommitCoordinator, SinkPlugin, SparkWriter
+from .sink import Capabilities, SinkCommitCoordinator, SinkPlugin, SparkWriter
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -47,12 +47,17 @@ class Written:
     writer: str  # "spark" (native path) or "python"
 
 
-def writer_kind(coordinator: SinkCommitCoordinator[Any, Any] | None, schema: pa.Schema) -> str:
-    """``spark`` when the coordinator stages DataFrames of ``schema`` with Spark's writers,
-    else ``python`` (logged once per sink and reason when the coordinator could but declines)."""
-    if not isinstance(coordinator, SparkWriter):
+def writer_kind(
+    coordinator: SinkCommitCoordinator[Any, Any] | None,
+    schema: pa.Schema,
+    caps: Capabilities | None = None,
+) -> str:
+    """``spark`` when the coordinator (whose capabilities are ``caps``) stages DataFrames of
+    ``schema`` with Spark's writers, else ``python`` (logged once per sink and reason when the
+    coordinator could but declines)."""
+    if coordinator is None or caps is None or not caps.spark_writer:
         return "python"
-    why = coordinator.spark_write_unsupported(schema)
+    why = cast(SparkWriter[Any], coordinator).spark_write_unsupported(schema)
     if why is None:
         return "spark"
     key = (str(id(coordinator)), why)
@@ -71,21 +76,24 @@ def write_epoch(
     setup: Any = None,
     coordinator: SinkCommitCoordinator[Any, Any] | None = None,
     schema: pa.Schema | None = None,
+    caps: Capabilities | None = None,
 ) -> Written:
     """Write ``epoch``'s rows (staged, invisible) on the path the sink takes for ``df``.
 
     ``schema``: ``df``'s Arrow schema when the caller has it already (else derived).
+    ``caps``: the coordinator's capabilities (its native path is taken only with
+    ``spark_writer``).
 
     Raises:
         SinkError: writing failed (the message ends with the writer's or Spark's own error).
     """
-    kind = writer_kind(coordinator, schema if schema is not None else arrow_schema(df))
+    kind = writer_kind(coordinator, schema if schema is not None else arrow_schema(df), caps)
     t0 = time.perf_counter()
     tag = _tag_jobs(df.sparkSession)
     try:
         if kind == "spark":
-            assert isinstance(coordinator, SparkWriter)
-            results, rows = _write_native(df, coordinator, sink_id, epoch, setup)
+            native = cast(SparkWriter[Any], coordinator)
+            results, rows = _write_native(df, native, sink_id, epoch, setup)
         else:
             results, rows = _write_python(df, plugin, options, sink_id, epoch, setup)
     except Exception as exc:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 __all__ = [
+    "Capabilities",
     "Codec",
     "CoordinatedSinkWriter",
     "JournalHome",
@@ -418,6 +420,87 @@ class JournalHome(ABC):
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a sink offers beyond the mandatory contract (:class:`SinkCommitCoordinator`),
+    declared on its :class:`SinkPlugin` so that the core knows it before any connection is
+    made. The core reads this record and nothing else to decide what to call.
+
+    Each flag promises that the sink's coordinator implements the matching class; the core
+    checks the promise when it builds the coordinator (a broken promise is a
+    :class:`~eosink.errors.ConfigError` naming the plugin and the class).
+
+    Attributes:
+        target_marker: :class:`TargetMarker`: the target remembers the sink.
+        staged_epochs: :class:`StagedEpochs`: the epochs with staged data can be listed.
+        journal_home: :class:`JournalHome`: a directory beside the target for the batch
+            journal.
+        spark_writer: :class:`SparkWriter`: Spark's own writers can stage an epoch.
+        rolling: :class:`Rolling`: files span epochs and are published by ``roll``.
+    """
+
+    target_marker: bool = False
+    staged_epochs: bool = False
+    journal_home: bool = False
+    spark_writer: bool = False
+    rolling: bool = False
+
+    @staticmethod
+    def implemented_by(coordinator: object) -> Capabilities:
+        """The capabilities ``coordinator``'s classes implement (the record of a plugin that
+        declares none, which eosink reads this way for one more minor release)."""
+        return Capabilities(**{f: isinstance(coordinator, c) for f, c in _MIXINS.items()})
+
+    def check(self, coordinator: object, plugin: str) -> None:
+        """Raise unless ``coordinator`` implements every capability declared here.
+
+        Raises:
+            ConfigError: naming the plugin, the flag and the class to implement.
+        """
+        for flag, cls in _MIXINS.items():
+            if getattr(self, flag) and not isinstance(coordinator, cls):
+                raise ConfigError(
+                    f"sink plugin {plugin!r} declares capabilities {flag}=True, but its "
+                    f"coordinator ({type(coordinator).__name__}) does not implement "
+                    f"eosink.{cls.__name__}: implement it, or declare {flag}=False"
+                )
+
+
+_MIXINS: dict[str, type] = {
+    "target_marker": TargetMarker,
+    "staged_epochs": StagedEpochs,
+    "journal_home": JournalHome,
+    "spark_writer": SparkWriter,
+    "rolling": Rolling,
+}
+_undeclared_told: set[str] = set()
+
+
+def capabilities_of(plugin: SinkPlugin[Any, Any, Any], coordinator: object) -> Capabilities:
+    """The capabilities the core uses for ``plugin``'s ``coordinator``: the declared record,
+    checked against the coordinator; for a plugin that declares none, what its coordinator
+    implements, with a ``DeprecationWarning`` (once per plugin).
+
+    Raises:
+        ConfigError: the coordinator does not implement a declared capability.
+    """
+    if plugin.capabilities is not None:
+        plugin.capabilities.check(coordinator, plugin.name)
+        return plugin.capabilities
+    found = Capabilities.implemented_by(coordinator)
+    if plugin.name not in _undeclared_told:
+        _undeclared_told.add(plugin.name)
+        flags = ", ".join(f"{f}=True" for f in _MIXINS if getattr(found, f))
+        warnings.warn(
+            f"sink plugin {plugin.name!r} declares no capabilities; eosink reads them from its "
+            "coordinator's classes for now. Declare them: SinkPlugin(..., "
+            f"capabilities=eosink.Capabilities({flags})); a later minor release requires it",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return found
+
+
+@dataclass(frozen=True)
 class SinkPlugin(Generic[OptionsT, R, C]):
     """What a plugin registers for one sink name.
 
@@ -452,6 +535,10 @@ class SinkPlugin(Generic[OptionsT, R, C]):
             command before any Spark job (:meth:`check_ready`). Import such modules inside
             the factories, never at the top of the plugin module: a sink whose module
             cannot be imported cannot be listed either.
+        capabilities: what the sink offers beyond the mandatory contract
+            (:class:`Capabilities`); read by the core before any connection is made. None
+            (a plugin written before the record existed): read from the coordinator's
+            classes, with a ``DeprecationWarning``.
         path_options: the names of the sink's options whose values are locations: a path, a
             URI or a SQLAlchemy URL (whose SQLite database is a path), e.g.
             ``("warehouse",)``. ``path``, ``staging_path``, ``checkpointLocation`` and
@@ -473,6 +560,7 @@ class SinkPlugin(Generic[OptionsT, R, C]):
     requires: Mapping[str, str] = field(default_factory=dict, hash=False)
     describe_open: Callable[[str, C | None, Mapping[int, C]], list[dict[str, Any]]] | None = None
     path_options: tuple[str, ...] = ()
+    capabilities: Capabilities | None = None
 
     def missing_requirements(self) -> dict[str, str]:
         """The declared modules (:attr:`requires`) that cannot be found: module -> install."""

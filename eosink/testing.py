@@ -56,6 +56,7 @@ except ImportError as _exc:  # eosink.testing is for test environments: pytest i
 from .faults import SimulatedCrash, simulate
 from .registry import get_sink
 from .sink import (
+    Capabilities,
     CoordinatedSinkWriter,
     Prepared,
     SinkCommitCoordinator,
@@ -63,6 +64,7 @@ from .sink import (
     StagedEpochs,
     TargetMarker,
     WriterContext,
+    capabilities_of,
 )
 
 CRASH_POINTS = (
@@ -196,6 +198,21 @@ class SinkConformance:
         from .registry import list_sinks
 
         assert self.sink_name in {s.name for s in list_sinks()}
+
+    def test_capabilities_match_the_coordinator(self, setup: Any) -> None:
+        """The declared :class:`~eosink.Capabilities` are exactly what the coordinator
+        implements: a capability implemented but not declared is never used by the core
+        (a ``StagedEpochs`` sink whose crashed runs' data is never swept), one declared but
+        not implemented fails every run. A plugin that declares none passes, with a
+        ``DeprecationWarning``."""
+        plugin, options = setup
+        coord = self._coordinator(plugin, options)
+        if plugin.capabilities is None:
+            return
+        implemented = Capabilities.implemented_by(coord)
+        assert plugin.capabilities == implemented, (
+            f"declared {plugin.capabilities}, but the coordinator implements {implemented}"
+        )
 
     def test_options_and_factories_pickle(self, setup: Any) -> None:
         """Options, the ``writer_setup`` value (equal after a round trip) and writers pickle:
@@ -335,8 +352,9 @@ class SinkConformance:
         epoch after commits, never lowered by a backfill, and kept by ``write_marker``."""
         plugin, options = setup
         coord = self._coordinator(plugin, options)
-        if not isinstance(coord, TargetMarker):
+        if not capabilities_of(plugin, coord).target_marker:
             return  # the sink keeps no marker: nothing to check
+        assert isinstance(coord, TargetMarker)
         marker = {
             "sink_id": self.sink_id,
             "plugin": plugin.name,
@@ -393,7 +411,7 @@ class SinkConformance:
         nothing is left."""
         plugin, options = setup
         coord = self._coordinator(plugin, options)
-        if not isinstance(coord, StagedEpochs):
+        if not capabilities_of(plugin, coord).staged_epochs:
             return  # recovery cannot find such data; commit and abort(e, None) must
         batches = self.batches(0, 3)
         drive_writers(

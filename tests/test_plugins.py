@@ -125,6 +125,54 @@ def test_epoch_committed_hook_reaches_plugins(tmp_path: Path) -> None:
     assert {"rows", "commit_ms", "visibility_lag_s"} <= set(seen[0][2])
 
 
+def test_capabilities_are_read_from_the_declared_record(tmp_path: Path) -> None:
+    """The core reads what a sink offers from its declared record: a promise the coordinator
+    does not keep fails the start with a ConfigError naming the class; a plugin written
+    before the record (declaring none) keeps working, its capabilities read
+    from its coordinator's classes, with a DeprecationWarning that gives the declaration."""
+    import dataclasses
+    import warnings
+
+    from eosink._metastore import MetaStore
+    from eosink._protocol import SinkRuntime
+    from eosink.sink import _undeclared_told
+
+    base = get_sink("jsonl_dir")
+    assert base.capabilities == eosink.Capabilities(staged_epochs=True)
+
+    def runtime(plugin: Any) -> SinkRuntime:
+        opts = plugin.parse_options({"path": str(tmp_path / "o")})
+        return SinkRuntime(plugin, opts, "caps", MetaStore(f"sqlite:///{tmp_path / 'm.db'}"))
+
+    promised = dataclasses.replace(
+        base, capabilities=eosink.Capabilities(staged_epochs=True, target_marker=True)
+    )
+    rt = runtime(promised)
+    with pytest.raises(ConfigError) as exc:
+        rt.start()
+    rt.store.close()
+    assert str(exc.value) == (
+        "sink plugin 'jsonl_dir' declares capabilities target_marker=True, but its coordinator "
+        "(Coordinator) does not implement eosink.TargetMarker: implement it, or declare "
+        "target_marker=False"
+    )
+    _undeclared_told.discard("jsonl_dir")
+    rt = runtime(dataclasses.replace(base, capabilities=None))  # written before the record
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rt.start()
+    told = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert len(told) == 1
+    assert str(told[0].message) == (
+        "sink plugin 'jsonl_dir' declares no capabilities; eosink reads them from its "
+        "coordinator's classes for now. Declare them: SinkPlugin(..., "
+        "capabilities=eosink.Capabilities(staged_epochs=True)); a later minor release requires it"
+    )
+    assert rt.caps == eosink.Capabilities(staged_epochs=True)
+    rt.close()
+    rt.store.close()
+
+
 # --- the conformance suite, run for every sink shipped or installed here ------------------
 def _read_files(root: Path, fmt: str, partitioned: bool) -> list[dict[str, Any]]:
     if not root.exists():
@@ -442,7 +490,10 @@ def _marker(read: Any, write: Any) -> Any:
         def write_marker(self, marker: dict[str, Any]) -> None:
             write(self, marker)
 
-    return _jsonl_variant(coordinator_factory=lambda o, s: Broken(o, s))
+    return _jsonl_variant(
+        coordinator_factory=lambda o, s: Broken(o, s),
+        capabilities=eosink.Capabilities(staged_epochs=True, target_marker=True),
+    )
 
 
 def _stored_marker_file(c: Any) -> Path:

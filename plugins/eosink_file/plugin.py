@@ -73,6 +73,9 @@ SINK: SinkPlugin[FileSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     # pyarrow only, a core dependency; s3:// paths need boto3 (eosink[s3]), checked when used
     requires={},
     describe_open=describe_open,
+    capabilities=eosink.Capabilities(
+        target_marker=True, staged_epochs=True, journal_home=True, spark_writer=True, rolling=True
+    ),
 )
 
 

@@ -40,6 +40,7 @@ SINK: SinkPlugin[IcebergSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugi
     # pyiceberg is imported inside the factories only: without it the sink is still listed.
     requires={"pyiceberg": "eosink[iceberg]"},
     path_options=("warehouse",),
+    capabilities=eosink.Capabilities(target_marker=True, staged_epochs=True, spark_writer=True),
 )
 
 

@@ -45,6 +45,7 @@ SINK: SinkPlugin[SqlSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     requires={},
     path_options=("url",),  # a SQLite database's file
     describe_open=describe_open,
+    capabilities=eosink.Capabilities(target_marker=True, staged_epochs=True),
 )
 
 

@@ -116,5 +116,6 @@ def eosink_sinks() -> list[eosink.SinkPlugin[Any, Any, Any]]:
             committable_codec=eosink.JsonCodec[Any](version=1),
             default_sink_id=lambda o: f"jsonl_dir:{o.path}",
             description="example third-party sink: one JSON-lines file per epoch",
+            capabilities=eosink.Capabilities(staged_epochs=True),
         )
     ]
