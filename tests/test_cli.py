@@ -148,7 +148,8 @@ def test_owner_liveness_and_option_parsing() -> None:
     import socket
     import time
 
-    from eosink._cli import _sink_options, owner_alive
+    from eosink._cli.owners import owner_alive
+    from eosink._cli.recover import sink_options
     from eosink._metastore import HEARTBEAT_STALE_SECONDS
 
     host = socket.gethostname()
@@ -171,12 +172,12 @@ def test_owner_liveness_and_option_parsing() -> None:
     def ns(option: list[str] | None, js: str | None = None) -> argparse.Namespace:
         return argparse.Namespace(option=option, options_json=js)
 
-    got = _sink_options(ns(["path=/data/out", "transactions=4", 'partition_by=["g"]'], '{"a": 1}'))
+    got = sink_options(ns(["path=/data/out", "transactions=4", 'partition_by=["g"]'], '{"a": 1}'))
     assert got == {"a": 1, "path": "/data/out", "transactions": 4, "partition_by": ["g"]}
     with pytest.raises(ConfigError, match="KEY=VALUE"):
-        _sink_options(ns(["novalue"]))
+        sink_options(ns(["novalue"]))
     with pytest.raises(ConfigError, match="JSON object"):
-        _sink_options(ns(None, "[1]"))
+        sink_options(ns(None, "[1]"))
 
 
 def test_heartbeat_tells_a_live_owner_on_another_host(tmp_path: Path) -> None:
@@ -188,7 +189,7 @@ def test_heartbeat_tells_a_live_owner_on_another_host(tmp_path: Path) -> None:
 
     from sqlalchemy import update
 
-    from eosink._cli import owner_alive
+    from eosink._cli.owners import owner_alive
     from eosink._metastore import HEARTBEAT_STALE_SECONDS
     from eosink._metastore.models import SinkRow
 

@@ -1,0 +1,26 @@
+"""Text helpers of the commands: tables, one-line messages, times."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=False)).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def one_line(text: str) -> str:
+    """Drivers' multi-line messages (psycopg's hints...) on one line."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def iso(t: float | None) -> str | None:
+    """A Unix time as local ISO 8601 with its offset (None stays None)."""
+    if not t:
+        return None
+    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
