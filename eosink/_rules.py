@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from ._metastore.models import ABORTED, COMMITTED, PENDING
-from ._metastore.store import (
+from ._metastore.records import (
     AUTO_ORIGINS,
     BATCH,
     BATCH_AUTO,

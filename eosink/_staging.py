@@ -110,7 +110,7 @@ def default_staging_path(sink: str, checkpoint_location: str | None, master: str
             f"{STAGING_OPTION} to a location every node reaches: a shared mount (NFS...) or "
             "s3://bucket/prefix (with the s3_* options)"
         )
-    from ._metastore.store import eosink_home
+    from ._metastore.engine import eosink_home
 
     return str((eosink_home() / f"{sink}-staging").resolve())
 

@@ -13,8 +13,8 @@ def cmd_db(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import DatabaseError, OperationalError
 
     from .._metastore import default_url, redact_url
+    from .._metastore.engine import _make_engine
     from .._metastore.migrations import current_revision, head_revision, upgrade
-    from .._metastore.store import _make_engine
 
     url = args.url or default_url()
     if args.action != "upgrade":

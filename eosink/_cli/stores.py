@@ -92,7 +92,7 @@ def tables_of(url: str) -> set[str] | None:
     """The tables of the database at ``url``, or None if that cannot be found out."""
     from sqlalchemy import inspect
 
-    from .._metastore.store import _make_engine
+    from .._metastore.engine import _make_engine
 
     try:
         engine = _make_engine(url, create=False)

@@ -1,7 +1,8 @@
 """The meta store (private): model, migrations and the state machine."""
 
+from .engine import default_url, eosink_home, redact_url
 from .models import ABORTED, COMMITTED, PENDING
-from .store import (
+from .records import (
     AUTO_ORIGINS,
     BATCH,
     BATCH_AUTO,
@@ -13,13 +14,10 @@ from .store import (
     HEARTBEAT_STALE_SECONDS,
     EpochRecord,
     LossRecord,
-    MetaStore,
     SinkRecord,
-    default_url,
-    eosink_home,
-    redact_url,
     split_owner,
 )
+from .store import MetaStore
 
 __all__ = [
     "ABORTED",
