@@ -33,6 +33,7 @@ from ._metastore import (
     PENDING,
     MetaStore,
 )
+from ._mixins import capabilities_of
 from ._rules import (
     FINISH,
     SKIP,
@@ -72,7 +73,6 @@ from .sink import (
     SinkPlugin,
     StagedEpochs,
     TargetMarker,
-    capabilities_of,
 )
 
 log = logging.getLogger("eosink")

@@ -53,6 +53,7 @@ except ImportError as _exc:  # eosink.testing is for test environments: pytest i
         "pytest", "testing", "eosink.testing, the conformance suite for sink plugins"
     ) from _exc
 
+from ._mixins import capabilities_of
 from .faults import SimulatedCrash, simulate
 from .registry import get_sink
 from .sink import (
@@ -64,7 +65,6 @@ from .sink import (
     StagedEpochs,
     TargetMarker,
     WriterContext,
-    capabilities_of,
 )
 
 CRASH_POINTS = (

@@ -134,8 +134,8 @@ def test_capabilities_are_read_from_the_declared_record(tmp_path: Path) -> None:
     import warnings
 
     from eosink._metastore import MetaStore
+    from eosink._mixins import _undeclared_told
     from eosink._protocol import SinkRuntime
-    from eosink.sink import _undeclared_told
 
     base = get_sink("jsonl_dir")
     assert base.capabilities == eosink.Capabilities(staged_epochs=True)
