@@ -153,10 +153,10 @@ def test_stream_keeps_the_newest_figures_only(
     """A stream's driver keeps the figures of its newest FIGURES_KEPT micro-batches only (a
     stream that runs for months must not grow its memory per epoch); every epoch is still
     committed and in the meta store."""
-    import eosink._protocol
+    import eosink._protocol.phases
     import eosink._stream
 
-    monkeypatch.setattr(eosink._protocol, "FIGURES_KEPT", 2)
+    monkeypatch.setattr(eosink._protocol.phases, "FIGURES_KEPT", 2)
     monkeypatch.setattr(eosink._stream, "FIGURES_KEPT", 2)
     inp, expected = _stream_input(tmp_path, files=5)
     out = tmp_path / "out"
@@ -207,10 +207,10 @@ def test_running_stream_records_its_heartbeat(
 ) -> None:
     """While a stream runs, its coordinator records a heartbeat in the sink's row (every
     30 s; 0.2 s here), which ``eosink status`` shows; stopping the stream clears it."""
-    import eosink._protocol as protocol
+    import eosink._protocol.threads as threads
     from eosink._metastore import MetaStore
 
-    monkeypatch.setattr(protocol, "HEARTBEAT_SECONDS", 0.2)
+    monkeypatch.setattr(threads, "HEARTBEAT_SECONDS", 0.2)
     inp, expected = _stream_input(tmp_path, files=2)
     url = f"sqlite:///{tmp_path / 'm.db'}"
     h = eosink.run(

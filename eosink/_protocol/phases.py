@@ -1,0 +1,328 @@
+"""Phase 1 (``pre_commit``, persisted PENDING) and phase 2 (``commit``, retried while the one
+transient-error rule says so, then COMMITTED), and discarding what was staged."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .._journal import Entry
+from .._metastore import (
+    BATCH_AUTO,
+    BATCH_AUTO_UNREPORTED,
+    BATCH_ORIGINS,
+    COMMITTED,
+    PENDING,
+)
+from .._transient import classify_error
+from ..errors import (
+    FencedError,
+    SinkError,
+)
+from ..faults import fault_point
+from ..sink import (
+    Prepared,
+)
+from .figures import FIGURES_KEPT, EpochFigures
+from .state import _State
+
+log = logging.getLogger("eosink")
+
+
+class _Phases(_State):
+    """Phase 1 (``pre_commit``, persisted PENDING) and phase 2 (``commit``, retried while the one"""
+
+    def finish(self, epoch: int) -> EpochFigures:
+        """Commit ``epoch`` from its PENDING row (a crashed run's complete data)."""
+        rec = self.store.epoch(self.sink_id, epoch)
+        assert rec is not None and rec.status == PENDING and rec.committable is not None
+        log.info("sink %s epoch %d: finishing the commit of a crashed run", self.sink_id, epoch)
+        c = self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
+        fig = EpochFigures(
+            rec.epoch,
+            rec.rows,
+            rec.files,
+            rec.bytes,
+            batch_end_at=rec.batch_end_at or 0.0,
+            pre_commit_ms=rec.pre_commit_ms or 0.0,
+        )
+        self.commit_epoch(epoch, c, fig)
+        return fig
+
+    def _discard_refused(self, epoch: int) -> None:
+        log.info(
+            "sink %s epoch %d: phase 1 refused the epoch; deleting what its writers staged",
+            self.sink_id,
+            epoch,
+        )
+        try:
+            self.discard(epoch)
+        except Exception:
+            log.warning(
+                "sink %s epoch %d: could not delete the staged data now; the next start does",
+                self.sink_id,
+                epoch,
+                exc_info=True,
+            )
+
+    def discard(self, epoch: int) -> None:
+        """Delete what was staged for ``epoch`` (no committable): failed writers, a skip."""
+        self._abort(epoch, None)
+
+    def _abort(self, epoch: int, committable: Any) -> bool:
+        """Call the plugin's abort; False (row stays ABORTED, retried next start) if it raised."""
+        self.assert_live()
+        try:
+            self.coordinator.abort(epoch, committable)
+            return True
+        except Exception:
+            log.exception(
+                "sink %s: abort of epoch %d raised (a plugin contract violation); "
+                "it is retried on the next start",
+                self.sink_id,
+                epoch,
+            )
+            return False
+
+    def is_committed(self, epoch: int) -> bool:
+        """True when ``epoch`` is already visible (a replay): its new output is discarded."""
+        rec = self.store.epoch(self.sink_id, epoch)
+        if rec is not None:
+            return rec.status == COMMITTED
+        sink = self.store.sink(self.sink_id)
+        # Committed rows older than the GC window are gone; the GC floor remembers.
+        return sink is not None and epoch <= sink.gc_floor
+
+    def status_of(self, epoch: int) -> str | None:
+        rec = self.store.epoch(self.sink_id, epoch)
+        return None if rec is None else rec.status
+
+    def pre_commit(
+        self,
+        epoch: int,
+        results: Sequence[Any],
+        *,
+        rows: int,
+        write_s: float,
+        writer: str = "python",
+    ) -> tuple[Any, EpochFigures]:
+        """Phase 1: build the committable and persist PENDING."""
+        fault_point("after_write_results")
+        t0 = time.perf_counter()
+        try:
+            prepared = self.coordinator.pre_commit(epoch, results)
+            if not isinstance(prepared, Prepared):
+                raise SinkError(
+                    f"sink {self.sink_id}: the {self.plugin.name!r} plugin's pre_commit "
+                    f"returned a {type(prepared).__name__}, not eosink.Prepared(committable, "
+                    "files=, bytes=) (the plugin interface of eosink 0.1.0; see docs/plugins.md, "
+                    '"Upgrading a plugin written for a pre-release interface")'
+                )
+            committable = prepared.committable
+            files, nbytes = prepared.files, prepared.bytes
+            data = self.plugin.committable_codec.encode(committable)
+        except Exception:
+            # Refused in phase 1 (a check of the plugin's, a codec error): nothing is
+            # PENDING, so the epoch's staged data will never have a committable. Delete it
+            # now rather than at the next start (rule 4).
+            self._discard_refused(epoch)
+            raise
+        fault_point("after_pre_commit")
+        batch_end = time.time()
+        pre_ms = (time.perf_counter() - t0) * 1000
+        # Before the PENDING row (so before Spark's checkpoint): a driver on another machine
+        # finishes the epoch from the journal alone, a stream's in its checkpoint, a batch
+        # run's beside the target. (No fence check here: the batch's decision made it; a
+        # zombie's entry loses to a newer generation's entry of the same epoch.)
+        batch = self.lineage in BATCH_ORIGINS
+        # A run without epoch= is unreported until it returns to its caller (run_returned):
+        # crashed at any point from here, its re-run is refused (UnfinishedRunError).
+        origin = BATCH_AUTO_UNREPORTED if self.lineage == BATCH_AUTO else self.lineage
+        target = self.target_journal()
+        journals = [target] if batch else [self.journal, target]
+        generation = self.generation if batch or self.journal is None else self.journal.generation
+        assert generation is not None
+        for journal in journals:
+            if journal is None:
+                continue
+            journal.record(
+                Entry(
+                    epoch=epoch,
+                    generation=generation,
+                    committable=data,
+                    codec_version=self.plugin.committable_codec.version,
+                    rows=rows,
+                    files=files,
+                    bytes=nbytes,
+                    batch_end_at=batch_end,
+                    pre_commit_ms=pre_ms,
+                    origin=origin,
+                )
+            )
+        self.store.persist_pending(
+            self.sink_id,
+            self.generation,
+            epoch,
+            data,
+            self.plugin.committable_codec.version,
+            rows=rows,
+            files=files,
+            nbytes=nbytes,
+            batch_end_at=batch_end,
+            pre_commit_ms=pre_ms,
+            origin=origin,
+        )
+        fig = EpochFigures(
+            epoch,
+            rows,
+            files,
+            nbytes,
+            write_s=write_s,
+            pre_commit_ms=pre_ms,
+            persist_ms=(time.perf_counter() - t0) * 1000 - pre_ms,
+            batch_end_at=batch_end,
+            held_rows=prepared.held_rows,
+            held_bytes=prepared.held_bytes,
+            writer=writer,
+        )
+        self._keep_figures(epoch, fig)
+        log.debug(
+            "sink %s epoch %d: PENDING (rows=%d files=%d bytes=%d write=%.3fs (%s) "
+            "pre_commit=%.1fms persist=%.1fms%s)",
+            self.sink_id,
+            epoch,
+            rows,
+            files,
+            nbytes,
+            write_s,
+            writer,
+            fig.pre_commit_ms,
+            fig.persist_ms,
+            f" held in open files: rows={prepared.held_rows} bytes={prepared.held_bytes}"
+            if prepared.held_rows or prepared.held_bytes
+            else "",
+        )
+        fault_point("after_persist")
+        return committable, fig
+
+    def _keep_figures(self, epoch: int, fig: EpochFigures) -> None:
+        """Remember ``fig`` as ``epoch``'s figures; only the newest :data:`FIGURES_KEPT` epochs'
+        are kept (a stream runs for months: its driver's memory must not grow per epoch)."""
+        self.figures.pop(epoch, None)
+        self.figures[epoch] = fig
+        while len(self.figures) > FIGURES_KEPT:
+            del self.figures[next(iter(self.figures))]
+
+    def commit_epoch(self, epoch: int, committable: Any, fig: EpochFigures | None = None) -> None:
+        """Phase 2: commit (retried with backoff while transient) and mark COMMITTED."""
+        fig = fig or self.figures.get(epoch) or EpochFigures(epoch)
+        fault_point("before_commit")
+        self.assert_live()
+        t0 = time.perf_counter()
+        delay = 0.05
+        # The retry window starts at the first failure: an attempt that itself waited long
+        # (a Kafka call blocking through a broker outage) still gets retried.
+        deadline: float | None = None
+        while True:
+            try:
+                self.coordinator.commit(epoch, committable)
+                break
+            except FencedError:
+                raise
+            except Exception as exc:
+                # commit is idempotent (the plugin contract): any error the one rule calls
+                # transient (a plugin's CommitFailedError, a catalog's 503, a lost
+                # connection) is retried, whoever raised it.
+                if deadline is None:
+                    deadline = time.monotonic() + self.commit_retry_max_s
+                verdict = classify_error(exc)
+                final = not verdict.transient or time.monotonic() > deadline
+                self.store.record_error(
+                    self.sink_id,
+                    f"epoch {epoch}: commit failed{' for good' if final else ' (retried)'}: "
+                    f"{type(exc).__name__}: {exc}",
+                )
+                if final:
+                    raise
+                log.warning(
+                    "sink %s epoch %d: commit failed (%s); retrying in %.2fs",
+                    self.sink_id,
+                    epoch,
+                    exc,
+                    delay,
+                )
+            time.sleep(delay * (1 + random.random() * 0.2))
+            delay = min(delay * 2, 5.0)
+            # A retry may start over with the target (e.g. fence a Kafka transactional id):
+            # never after another coordinator took the sink over.
+            self.assert_live()
+        fault_point("after_commit")
+        fig.commit_ms = (time.perf_counter() - t0) * 1000
+        self.store.mark_committed(self.sink_id, self.generation, epoch, commit_ms=fig.commit_ms)
+        fig.committed_at = time.time()
+        self._keep_figures(epoch, fig)
+        fault_point("after_mark_committed")
+        target = self.target_journal()
+        rec = (
+            self.store.epoch(self.sink_id, epoch)
+            if target is not None or self.journal is not None
+            else None
+        )
+        if target is not None:
+            if rec is not None and rec.origin in BATCH_ORIGINS:
+                target.mark_committed(epoch, rec.origin)
+            else:
+                try:  # a leftover entry is re-committed idempotently, never lost
+                    target.forget(epoch)
+                except Exception:
+                    log.warning(
+                        "sink %s: cannot delete epoch %d's entry in the target's journal",
+                        self.sink_id,
+                        epoch,
+                        exc_info=True,
+                    )
+        # Only this stream's own epochs: committing another run's epoch (recovery, rule 7)
+        # says nothing of this stream's entries (one may be an epoch committed ahead of the
+        # checkpoint, which a restart on a lost store needs).
+        if self.journal is not None and (rec is None or rec.origin in (None, self.lineage)):
+            try:  # the newest committed epoch's entry stays: older ones are committed
+                self.journal.forget_before(epoch)
+            except Exception:  # a leftover entry is re-committed idempotently, never lost
+                log.warning(
+                    "sink %s: cannot delete journal entries below epoch %d in the checkpoint",
+                    self.sink_id,
+                    epoch,
+                    exc_info=True,
+                )
+        log.info(
+            "sink %s epoch %d: COMMITTED (rows=%d files=%d commit=%.1fms visibility_lag=%.3fs)",
+            self.sink_id,
+            epoch,
+            fig.rows,
+            fig.files,
+            fig.commit_ms,
+            fig.visibility_lag_s,
+        )
+        from ..registry import plugin_manager
+
+        try:
+            plugin_manager().hook.eosink_epoch_committed(
+                sink_id=self.sink_id, epoch=epoch, figures=fig.as_dict()
+            )
+        except Exception:
+            # The epoch is committed: a listener's failure must never undo or stop that.
+            log.exception(
+                "sink %s epoch %d: an eosink_epoch_committed hook raised (ignored; the epoch "
+                "is committed)",
+                self.sink_id,
+                epoch,
+            )
+        self._since_gc += 1
+        if self._since_gc >= self.gc_every:
+            self._since_gc = 0
+            n = self.store.gc(self.sink_id, self.generation, self.gc_keep)
+            if n:
+                log.debug("sink %s: garbage-collected %d committed epochs", self.sink_id, n)

@@ -1,0 +1,293 @@
+"""A sink's live coordinator: its state (the dataclass fields), its start (identity checks
+against the meta store and the target's marker, fencing), its journals, rolls and close."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from .._checkpoint import CheckpointDir
+from .._journal import Entry, Journal
+from .._metastore import (
+    BATCH,
+    BATCH_ORIGINS,
+    FORMAT_STREAM_OWNER,
+    MetaStore,
+)
+from .._mixins import capabilities_of
+from .._rules import (
+    target_entries_to_take,
+)
+from ..errors import (
+    SinkIdentityError,
+)
+from ..sink import (
+    Capabilities,
+    JournalHome,
+    Rolling,
+    SinkCommitCoordinator,
+    SinkPlugin,
+    TargetMarker,
+)
+from .figures import EpochFigures
+from .threads import Heartbeat
+
+log = logging.getLogger("eosink")
+
+
+@dataclass
+class _State:
+    """One live coordinator of one sink_id, with its fencing generation.
+
+    Args:
+        plugin: the sink.
+        options: validated options.
+        sink_id: stable sink name.
+        store: the meta store.
+        gc_keep: committed rows kept per sink (older ones are garbage-collected).
+    """
+
+    plugin: SinkPlugin[Any, Any, Any]
+    options: Any
+    sink_id: str
+    store: MetaStore
+    gc_keep: int = 1000
+    gc_every: int = 100
+    commit_retry_max_s: float = 30.0
+    coordinator: SinkCommitCoordinator[Any, Any] = field(init=False)
+    caps: Capabilities = field(init=False, default_factory=Capabilities)
+    """What the coordinator offers beyond the mandatory contract (the plugin's declared
+    record): the only source of "does this sink have a marker, a journal home...?"."""
+    generation: int = field(init=False, default=0)
+    figures: dict[int, EpochFigures] = field(init=False, default_factory=dict)
+    lineage: str = field(init=False, default=BATCH)
+    """``origin`` of the epochs this run writes: ``batch`` (explicit ``epoch=``),
+    ``batch-auto`` (the next free epoch) or the stream's lineage."""
+    adopted_last: int | None = field(init=False, default=None)
+    """Set when this meta store took the sink over from the target's marker."""
+    journal: Journal | None = field(init=False, default=None)
+    """A stream's journal in its checkpoint (set by :meth:`open_stream`): what phase 2
+    needs, kept where a driver on another machine finds it, and the fence across machines."""
+    _target: Journal | None = field(init=False, default=None)
+    """The journal beside the target (:class:`~eosink.sink.JournalHome`), opened by
+    :meth:`target_journal`: every run's PENDING epochs (batch runs' and streams'), so that a
+    driver whose meta store lacks them (another machine, a lost store) neither deletes their
+    staged data as leftovers nor reuses their epochs."""
+    run_id: str | None = field(init=False, default=None)
+    """The ``eosink.run`` call this coordinator serves, recorded with its journal claims."""
+    _since_gc: int = field(init=False, default=0)
+    _marker: dict[str, Any] | None = field(init=False, default=None)
+    _heartbeat: Heartbeat | None = field(init=False, default=None)
+    _imported: bool = field(init=False, default=False)
+    first_batch: int = field(init=False, default=0)
+    """The first batch id the stream's epoch base maps (see :meth:`_attach`)."""
+    inline: bool = False
+    """A stream that commits inside its micro-batches (``commit_mode="inline"``)."""
+    micro_batch: bool = False
+    """The coordinator of one micro-batch of a ``format("eosink")`` stream, in Spark's
+    data-source worker: the query runs on after :meth:`close`. Its owner is recorded as
+    ``host:pid (format stream)``, and close keeps its heartbeat instead of clearing it, so
+    that ``eosink status``, ``recover`` and ``abandon`` count the query as running, on any
+    host, until its heartbeat is stale (:data:`~eosink._metastore.HEARTBEAT_STALE_SECONDS`
+    after its last micro-batch)."""
+    after_inline: bool = field(init=False, default=False)
+    """The stream's previous driver committed inline (:meth:`open_stream`): its PENDING
+    epochs may be committed in part, so this start commits them all (:meth:`start_recovery`)."""
+
+    def target_journal(self) -> Journal | None:
+        """The journal beside the target, if the sink has one (opened once)."""
+        if self._target is None and self.caps.journal_home:
+            location = cast(JournalHome, self.coordinator).journal_location()
+            if location:
+                self._target = Journal(CheckpointDir(None, location), self.sink_id, prefix="")
+        return self._target
+
+    def import_target_journal(self) -> None:
+        """Take from the target's journal (once) the PENDING epochs this meta store lacks: a
+        crashed run's (a batch run, another streaming query) on another machine or store.
+        They hold complete data: recovery commits them (rule 7), their staged data is not
+        leftovers, and their epochs are not free."""
+        journal = self.target_journal()
+        if journal is None or self._imported:
+            return
+        self._imported = True
+        have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
+        entries = journal.entries()
+        take, forget = target_entries_to_take(
+            {e: ent.origin for e, ent in entries.items()}, have, journal.committed_origin
+        )
+        for e in forget:
+            journal.forget(e)  # committed; the entry's deletion was cut short
+        for e in take:
+            ent = entries[e]
+            log.warning(
+                "sink %s epoch %d: a crashed run's PENDING epoch (%s), in the target's journal "
+                "(%s) but unknown to meta store %s; taking it from the journal",
+                self.sink_id,
+                e,
+                "a batch run" if ent.origin in BATCH_ORIGINS else f"stream {ent.origin[:8]}",
+                journal.ckpt.location,
+                self.store.url_redacted,
+            )
+            self._persist_entry(ent)
+
+    def _lost(self) -> set[int]:
+        """Epochs an operator abandoned (``eosink abandon``): never taken from a journal."""
+        return {r.epoch for r in self.store.losses(self.sink_id)}
+
+    def assert_live(self) -> None:
+        """Raise :class:`FencedError` if a newer coordinator took the sink over: through the
+        meta store, or (streams) through the journal in the checkpoint, which every driver
+        of the query shares whatever meta store it uses."""
+        self.store.assert_live(self.sink_id, self.generation)
+        if self.journal is not None:
+            self.journal.assert_live()
+
+    def start(self) -> None:
+        """Check the sink's identity against the meta store and the target, then acquire it.
+
+        Raises:
+            SinkIdentityError: the sink_id is bound to another target or plugin, or the meta
+                store is behind the target's marker (nothing is changed).
+        """
+        sid = self.sink_id
+        existing = self.store.sink(sid)
+        self.coordinator = self.plugin.coordinator_factory(self.options, sid)
+        self.caps = capabilities_of(self.plugin, self.coordinator)
+        self.coordinator.init()
+        target = self.coordinator.target_id()
+        if existing is not None and existing.plugin != self.plugin.name:
+            raise SinkIdentityError(
+                f"sink_id {sid!r} belongs to a {existing.plugin!r} sink in meta store "
+                f"{self.store.url_redacted}; this run is a {self.plugin.name!r} sink. "
+                "Give this sink its own sink_id="
+            )
+        if existing is not None and existing.target and target and existing.target != target:
+            raise SinkIdentityError(
+                f"sink_id {sid!r} is bound to {existing.target} (meta store "
+                f"{self.store.url_redacted}), but this run writes to {target}. A sink_id names "
+                "one target, because its committed epochs are recorded against it: pass another "
+                "sink_id= for this target, or leave sink_id unset (the default is derived from "
+                "the target)"
+            )
+        marker = (
+            cast(TargetMarker, self.coordinator).read_marker() if self.caps.target_marker else None
+        )
+        known = self.store.max_epoch(sid) if existing is not None else -1
+        marked = int(marker.get("last_epoch", -1)) if marker else -1
+        if marker is not None and marked > known:
+            if known >= 0:
+                raise SinkIdentityError(
+                    f"the target of sink {sid!r} holds committed epochs up to {marked} (its "
+                    f"eosink marker), but meta store {self.store.url_redacted} knows only up to "
+                    f"{known}: it is not the store this sink was written with, or an older copy "
+                    "of it. Run with the meta store the sink was written with (metastore_url=)"
+                )
+            self.adopted_last = marked
+        rec = self.store.acquire(
+            sid, self.plugin.name, None, note=FORMAT_STREAM_OWNER if self.micro_batch else None
+        )
+        self.generation = rec.generation
+        if self.adopted_last is not None and marker is not None:
+            log.warning(
+                "sink %s: meta store %s has no record of this sink, but its target holds "
+                "committed epochs up to %d; taking the sink over from the target's marker "
+                "(epochs up to %d count as committed)",
+                sid,
+                self.store.url_redacted,
+                marked,
+                marked,
+            )
+            self.store.adopt(sid, self.generation, last_epoch=marked)
+            if marker.get("lineage"):
+                self.store.set_lineage(
+                    sid, self.generation, str(marker["lineage"]), int(marker["epoch_base"])
+                )
+        elif marker is None and known >= 0 and self.caps.target_marker:
+            log.warning(
+                "sink %s: the meta store has epochs up to %d but the target has no eosink "
+                "marker (was the target deleted or recreated?); writing a new one",
+                sid,
+                known,
+            )
+        if target and (existing is None or not existing.target):
+            self.store.set_target(sid, self.generation, target)
+        self._marker = marker
+        self.write_marker()
+        # Last: a start that failed leaves no thread behind (acquire recorded a heartbeat,
+        # which goes stale).
+        self._heartbeat = Heartbeat(self.store, sid, self.generation)
+        log.info(
+            "sink %s: coordinator started (plugin %s, generation %d, meta store %s)",
+            sid,
+            self.plugin.name,
+            self.generation,
+            self.store.url_redacted,
+        )
+
+    def write_marker(self) -> None:
+        """Write the sink's marker into the target when it changed (TargetMarker plugins)."""
+        if not self.caps.target_marker:
+            return
+        rec = self.store.sink(self.sink_id)
+        assert rec is not None
+        want = {
+            "sink_id": self.sink_id,
+            "plugin": self.plugin.name,
+            "target": rec.target,
+            "lineage": rec.lineage,
+            "epoch_base": rec.epoch_base,
+        }
+        have = {k: v for k, v in (self._marker or {}).items() if k != "last_epoch"}
+        if have != want:
+            self.assert_live()
+            cast(TargetMarker, self.coordinator).write_marker(want)
+            self._marker = want
+
+    def _persist_entry(self, ent: Entry) -> None:
+        """Persist a journal entry PENDING in the meta store (as its run had)."""
+        self.store.persist_pending(
+            self.sink_id,
+            self.generation,
+            ent.epoch,
+            ent.committable,
+            ent.codec_version,
+            rows=ent.rows,
+            files=ent.files,
+            nbytes=ent.bytes,
+            batch_end_at=ent.batch_end_at,
+            pre_commit_ms=ent.pre_commit_ms,
+            origin=ent.origin,
+        )
+
+    def roll(self, everything: bool) -> int:
+        """Let a sink whose files span epochs publish the due ones (:class:`Rolling`)."""
+        if not self.caps.rolling:
+            return 0
+        c = cast(Rolling, self.coordinator)
+        wait = None if everything else c.next_roll_in()
+        if everything or (wait is not None and wait <= 0):
+            self.assert_live()
+            n = c.roll(everything)
+            if n:
+                log.info(
+                    "sink %s: rolled %d open file(s)%s",
+                    self.sink_id,
+                    n,
+                    " (end of run)" if everything else "",
+                )
+                self.store.record_roll(
+                    self.sink_id, self.generation, files=n, everything=everything
+                )
+            return n
+        return 0
+
+    def close(self) -> None:
+        try:
+            self.coordinator.close()
+        except Exception:  # pragma: no cover - close must not hide the real outcome
+            log.exception("sink %s: coordinator close failed", self.sink_id)
+        if self._heartbeat is not None:
+            self._heartbeat.stop(keep=self.micro_batch)
+            self._heartbeat = None
