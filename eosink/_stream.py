@@ -335,7 +335,7 @@ def eosink_error_of_stream(exc: BaseException) -> EosinkError | None:
     if "Traceback (most recent call last)" not in text:
         return None
     text = re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text)  # Spark Connect appends them
-    from ._datasource import _eosink_error_in
+    from ._spark_errors import _eosink_error_in
 
     try:
         return _eosink_error_in(text.rstrip())

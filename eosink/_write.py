@@ -232,7 +232,7 @@ def task_eosink_error(exc: BaseException, note: str = "") -> EosinkError | None:
     text = str(exc)
     if "eosink." not in text:
         return None
-    from ._datasource import _eosink_error_in, _note
+    from ._spark_errors import _eosink_error_in, _note
 
     try:
         err = _eosink_error_in(re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text).rstrip())

@@ -11,7 +11,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 import eosink
 from eosink import ConfigError, MissingExtraError, SinkIdentityError, UnknownSinkError
-from eosink._datasource import _eosink_error_in, _setup
+from eosink._datasource import _setup
+from eosink._spark_errors import _eosink_error_in
 
 
 class _CapsOptions(BaseModel):

@@ -627,7 +627,7 @@ def test_stream_stopped_by_an_eosink_error_raises_it(
     process before (it converts the error itself then)."""
     from pyspark.errors.exceptions import captured
 
-    from eosink._datasource import _install_error_conversion
+    from eosink._spark_errors import _install_error_conversion
 
     _install_error_conversion()
     if conversion == "not installed":
