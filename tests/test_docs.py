@@ -990,6 +990,39 @@ def _in_the_code(quote: str, messages: list[tuple[str, list[str | None]]]) -> bo
     return any(_instance_of_both(pattern, doc) for _, pattern in ranked[:40])
 
 
+def test_errors_md_has_an_entry_for_every_error_class() -> None:
+    """docs/errors.md has exactly one section per class of ``eosink.errors``, each saying (in
+    bold) what was written; every ``eosink`` command it gives parses with the real command
+    line; the page is in the docs' navigation."""
+    import shlex
+
+    from eosink import errors
+    from eosink._cli import build_parser
+
+    text = (ROOT / "docs" / "errors.md").read_text()
+    sections = dict(
+        (m.group(1), m.group(2))
+        for m in re.finditer(r"^## (\w+)\n(.*?)(?=^## |\Z)", text, re.M | re.S)
+    )
+    assert sorted(sections) == sorted(errors.__all__)
+    for name, body in sections.items():
+        if name != "EosinkError":
+            said = re.search(
+                r"\*\*(nothing|the change|stopped|before|at the commit|committed|the epoch may)",
+                body,
+                re.I,
+            )
+            assert said, f"errors.md, {name}: does not say what was written"
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S))
+    commands = re.findall(r"^(eosink (?:\S.*?))(?:\s+#.*)?$", blocks, re.M)
+    assert len(commands) >= 8, commands
+    parser = build_parser()
+    for command in commands:
+        parser.parse_args(shlex.split(command)[1:])  # SystemExit on an unknown option
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert "errors.md" in nav
+
+
 def test_error_texts_quoted_in_the_docs_are_in_the_code() -> None:
     """Every error message the docs quote is one the code can give: its fixed part is in a
     string of eosink/ or plugins/, the code's values ({...}, %s) standing for the docs'
