@@ -49,7 +49,7 @@ from ._rules import WRITE
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._spark_errors import _install_error_conversion
 from ._staging import is_connect
-from ._tasks import run_writer
+from ._tasks import TaskSink, run_writer
 from .errors import ConfigError, EosinkError
 from .registry import get_sink
 from .sink import SinkPlugin
@@ -169,7 +169,7 @@ def _write(
         for _ in batches:
             pass
         return _Message(None, 0)
-    result, rows = run_writer(s.plugin, s.options, s.sink_id, epoch, setup, batches)
+    result, rows = run_writer(TaskSink(s.plugin, s.options, s.sink_id, epoch, setup), batches)
     return _Message(result, rows)
 
 

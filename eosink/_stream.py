@@ -128,9 +128,7 @@ def write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
     rt = ep.runtime
     setup = ep.setup(schema)
     try:
-        return write_epoch(
-            df, rt.plugin, rt.options, rt.sink_id, ep.epoch, setup, rt.coordinator, schema, rt.caps
-        )
+        return write_epoch(df, rt, ep.epoch, setup, schema)
     except BaseException:
         ep.discard()
         raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -16,15 +17,25 @@ import pyarrow as pa
 from .faults import fault_point
 from .sink import SinkPlugin, WriterContext
 
-__all__ = ["run_writer"]
+__all__ = ["TaskSink", "run_writer"]
+
+
+@dataclass(frozen=True)
+class TaskSink:
+    """The one value a Spark task gets of the sink and its epoch, built on the driver and
+    pickled to the executors: the plugin, its parsed options, the sink id, the epoch and what
+    the coordinator's ``writer_setup`` returned for it. Every front end ships this (the
+    Python writers of ``eosink.run``, ``format("eosink")``'s tasks, the conformance suite)."""
+
+    plugin: SinkPlugin[Any, Any, Any]
+    options: Any
+    sink_id: str
+    epoch: int
+    setup: Any = None
 
 
 def run_writer(
-    plugin: SinkPlugin[Any, Any, Any],
-    options: Any,
-    sink_id: str,
-    epoch: int,
-    setup: Any,
+    sink: TaskSink,
     batches: Iterable[pa.RecordBatch],
     *,
     partition: int | None = None,
@@ -36,6 +47,7 @@ def run_writer(
     The partition and attempt number are the running Spark task's; ``partition`` given, they
     are these (the conformance suite runs this same code without Spark).
     """
+    plugin, epoch = sink.plugin, sink.epoch
     if partition is None:
         from pyspark import TaskContext
 
@@ -45,9 +57,9 @@ def run_writer(
     else:
         part = partition
     ctx = WriterContext(
-        sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}", setup
+        sink.sink_id, epoch, part, f"p{part:05d}-a{attempt}-{uuid.uuid4().hex[:8]}", sink.setup
     )
-    writer = plugin.writer_factory(options, ctx)
+    writer = plugin.writer_factory(sink.options, ctx)
     rows = 0
     try:
         writer.begin_epoch(epoch)
@@ -63,18 +75,11 @@ def run_writer(
     return plugin.write_result_codec.encode(result), rows
 
 
-def _task_fn(
-    plugin: SinkPlugin[Any, Any, Any],
-    options: Any,
-    sink_id: str,
-    epoch: int,
-    setup: Any,
-    names: list[str] | None = None,
-) -> Any:
+def _task_fn(sink: TaskSink, names: list[str] | None = None) -> Any:
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         if names is not None:  # the DataFrame's own column names (see write_epoch)
             batches = (b.rename_columns(names) for b in batches)
-        result, rows = run_writer(plugin, options, sink_id, epoch, setup, batches)
+        result, rows = run_writer(sink, batches)
         yield pa.record_batch(
             [pa.array([result], pa.binary()), pa.array([rows], pa.int64())],
             names=["result", "rows"],

@@ -21,13 +21,15 @@ import pyarrow as pa
 
 from ._session import arrow_schema
 from ._staging import is_connect
-from ._tasks import _task_fn
+from ._tasks import TaskSink, _task_fn
 from .errors import EosinkError, SinkError
 from .faults import fault_point
-from .sink import Capabilities, SinkCommitCoordinator, SinkPlugin, SparkWriter
+from .sink import Capabilities, SinkCommitCoordinator, SparkWriter
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from ._protocol.phases import _Phases
 
 log = logging.getLogger("eosink")
 
@@ -68,26 +70,22 @@ def writer_kind(
 
 
 def write_epoch(
-    df: DataFrame,
-    plugin: SinkPlugin[Any, Any, Any],
-    options: Any,
-    sink_id: str,
-    epoch: int,
-    setup: Any = None,
-    coordinator: SinkCommitCoordinator[Any, Any] | None = None,
-    schema: pa.Schema | None = None,
-    caps: Capabilities | None = None,
+    df: DataFrame, runtime: _Phases, epoch: int, setup: Any, schema: pa.Schema | None = None
 ) -> Written:
-    """Write ``epoch``'s rows (staged, invisible) on the path the sink takes for ``df``.
+    """Write ``epoch``'s rows (staged, invisible) on the path ``runtime``'s sink takes for
+    ``df``: the native path when its capabilities say ``spark_writer`` and its coordinator
+    takes ``df``'s schema, else Python writers in Spark tasks, each given the one
+    :class:`~eosink._tasks.TaskSink` value (plugin, options, sink id, epoch, ``setup``).
 
     ``schema``: ``df``'s Arrow schema when the caller has it already (else derived).
-    ``caps``: the coordinator's capabilities (its native path is taken only with
-    ``spark_writer``).
 
     Raises:
         SinkError: writing failed (the message ends with the writer's or Spark's own error).
     """
-    kind = writer_kind(coordinator, schema if schema is not None else arrow_schema(df), caps)
+    coordinator, sink_id = runtime.coordinator, runtime.sink_id
+    sink = TaskSink(runtime.plugin, runtime.options, sink_id, epoch, setup)
+    schema = schema if schema is not None else arrow_schema(df)
+    kind = writer_kind(coordinator, schema, runtime.caps)
     t0 = time.perf_counter()
     tag = _tag_jobs(df.sparkSession)
     try:
@@ -95,7 +93,7 @@ def write_epoch(
             native = cast(SparkWriter[Any], coordinator)
             results, rows = _write_native(df, native, sink_id, epoch, setup)
         else:
-            results, rows = _write_python(df, plugin, options, sink_id, epoch, setup)
+            results, rows = _write_python(df, sink)
     except Exception as exc:
         # Spark fails the job as soon as one task fails, while other tasks of it may still
         # be writing: the caller's abort must not run before they stopped, or what they
@@ -180,21 +178,14 @@ def _wait_for_tasks(spark: Any, tag: str | None, sink_id: str, epoch: int) -> No
         log.debug("eosink: cannot follow the failed write's tasks: %s", exc)
 
 
-def _write_python(
-    df: DataFrame,
-    plugin: SinkPlugin[Any, Any, Any],
-    options: Any,
-    sink_id: str,
-    epoch: int,
-    setup: Any,
-) -> tuple[list[Any], int]:
+def _write_python(df: DataFrame, sink: TaskSink) -> tuple[list[Any], int]:
     # mapInArrow resolves each column as df[name], which reads "a.b" as field b of a
     # column a: hand it positional names and give writers the real ones back.
     names = df.columns
-    fn = _task_fn(plugin, options, sink_id, epoch, setup, names)
+    fn = _task_fn(sink, names)
     plain = df.toDF(*[f"_c{i}" for i in range(len(names))])
     out = plain.mapInArrow(fn, _RESULT_SCHEMA).collect()
-    codec = plugin.write_result_codec
+    codec = sink.plugin.write_result_codec
     results = [codec.decode(bytes(r["result"]), codec.version) for r in out]
     return results, sum(int(r["rows"]) for r in out)
 

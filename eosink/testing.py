@@ -100,23 +100,15 @@ def drive_writers(
     pickle round trip, as Spark ships them. Every call gets fresh attempt ids, as Spark's
     task attempts do; ``attempt`` is the attempt number.
     """
-    from ._tasks import run_writer
+    from ._tasks import TaskSink, run_writer
 
     shipped_options = pickle.loads(pickle.dumps(options))
     shipped_setup = pickle.loads(pickle.dumps(setup))
+    sink = TaskSink(plugin, shipped_options, sink_id, epoch, shipped_setup)
     codec = plugin.write_result_codec
     results = []
     for i, batches in enumerate(partitions):
-        encoded, _ = run_writer(
-            plugin,
-            shipped_options,
-            sink_id,
-            epoch,
-            shipped_setup,
-            batches,
-            partition=i,
-            attempt=attempt,
-        )
+        encoded, _ = run_writer(sink, batches, partition=i, attempt=attempt)
         results.append(codec.decode(encoded, codec.version))
     return results
 

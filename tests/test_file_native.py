@@ -120,9 +120,7 @@ def test_manifest_readers_never_see_half_an_epoch(spark: Any, tmp_path: Path) ->
     opts = plugin.parse_options({"path": str(out)})
     rt = SinkRuntime(plugin, opts, "half", MetaStore(url))
     rt.start()
-    w = write_epoch(
-        spark.range(0, 100, 1, 4), plugin, opts, "half", 0, None, rt.coordinator, caps=rt.caps
-    )
+    w = write_epoch(spark.range(0, 100, 1, 4), rt, 0, None)
     assert w.writer == "spark" and w.rows == 100
     committable, fig = rt.pre_commit(0, w.results, rows=w.rows, write_s=w.seconds, writer=w.writer)
     with simulate("mid_commit") as fired, pytest.raises(SimulatedCrash):

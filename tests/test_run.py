@@ -441,9 +441,7 @@ def test_zombie_coordinator_cannot_commit(spark, tmp_path: Path, metastore_url: 
     opts = plugin.parse_options({"path": str(out)})
     zombie = SinkRuntime(plugin, opts, "zombie-test", MetaStore(metastore_url))
     zombie.start()
-    w = write_epoch(
-        spark.range(20), plugin, opts, "zombie-test", 0, None, zombie.coordinator, caps=zombie.caps
-    )
+    w = write_epoch(spark.range(20), zombie, 0, None)
     committable, _ = zombie.pre_commit(0, w.results, rows=w.rows, write_s=w.seconds)
     live = SinkRuntime(plugin, opts, "zombie-test", MetaStore(metastore_url))
     live.start()
