@@ -727,6 +727,12 @@ def _nothing_visible_then_swept(c: Ctx, _: EosinkError) -> None:
     stays under _eosink_staging/ (no reader looks there), and the next write of the sink
     deletes it before writing (rule 4)."""
     assert [p for p in c.out.rglob("*") if p.is_file() and "_eosink" not in p.parts] == []
+    # "The next write": one that starts once the failed job's tasks have stopped (a write
+    # started while a straggler still runs sweeps before it stages; the one after sweeps it).
+    tracker = c.spark.sparkContext.statusTracker()
+    deadline = time.monotonic() + 60
+    while tracker.getActiveStageIds() and time.monotonic() < deadline:
+        time.sleep(0.1)
     df = _partition_df("fine")(c).where("id != 2")
     w = df.write.format("eosink").option("sink", "file").option("path", str(c.out))
     w.option("partition_by", "k").option("metastore_url", c.metastore_url).mode("append").save()
