@@ -722,22 +722,18 @@ def _nothing_written(c: Ctx, _: EosinkError) -> None:
 
 
 def _nothing_visible_then_swept(c: Ctx, _: EosinkError) -> None:
-    """format("eosink"): nothing visible. Spark calls the writer's abort as soon as one task
-    fails, while another task may still be finishing: what that task staged after the abort
-    stays under _eosink_staging/ (no reader looks there), and the next write of the sink
-    deletes it before writing (rule 4)."""
+    """format("eosink"): nothing visible, and the next write of the sink publishes exactly its
+    own rows. Spark calls the writer's abort as soon as one task fails, and a task it killed
+    may go on in its Python worker after the JVM counted it ended: what that straggler stages
+    (under _eosink_staging/, which no reader looks at, never named by a committable) can land
+    after the abort, even after the next write (CI saw both): it is never published; the
+    staged data of an epoch that is not COMMITTED is deleted at the sink's next start
+    (rule 4)."""
     assert [p for p in c.out.rglob("*") if p.is_file() and "_eosink" not in p.parts] == []
-    # "The next write": one that starts once the failed job's tasks have stopped (a write
-    # started while a straggler still runs sweeps before it stages; the one after sweeps it).
-    tracker = c.spark.sparkContext.statusTracker()
-    deadline = time.monotonic() + 60
-    while tracker.getActiveStageIds() and time.monotonic() < deadline:
-        time.sleep(0.1)
     df = _partition_df("fine")(c).where("id != 2")
     w = df.write.format("eosink").option("sink", "file").option("path", str(c.out))
     w.option("partition_by", "k").option("metastore_url", c.metastore_url).mode("append").save()
-    assert staged_files(c.out) == []
-    assert read_ids(c.out) == [1, 3, 4]
+    assert read_ids(c.out) == [1, 3, 4]  # the straggler's rows (3, 4 again) never published
 
 
 def _written_without_the_row(c: Ctx, err: EosinkError) -> None:
