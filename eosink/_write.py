@@ -50,14 +50,12 @@ class Written:
 
 
 def writer_kind(
-    coordinator: SinkCommitCoordinator[Any, Any] | None,
-    schema: pa.Schema,
-    caps: Capabilities | None = None,
+    coordinator: SinkCommitCoordinator[Any, Any], schema: pa.Schema, caps: Capabilities
 ) -> str:
     """``spark`` when the coordinator (whose capabilities are ``caps``) stages DataFrames of
     ``schema`` with Spark's writers, else ``python`` (logged once per sink and reason when the
     coordinator could but declines)."""
-    if coordinator is None or caps is None or not caps.spark_writer:
+    if not caps.spark_writer:
         return "python"
     why = cast(SparkWriter[Any], coordinator).spark_write_unsupported(schema)
     if why is None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from harness import read_ids
+from jvm import free_port
 
 import eosink
 from eosink.util import ErrorVerdict, classify_error, is_transient
@@ -26,12 +27,6 @@ def _raised(fn: Any) -> BaseException:
     except BaseException as exc:
         return exc
     raise AssertionError("no error raised")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pg(url: str, sql: str, **kw: Any) -> None:
@@ -50,7 +45,7 @@ def test_postgresql_errors(pg_url: str) -> None:
     url = sa.engine.make_url(pg_url)
     got: dict[str, ErrorVerdict] = {}
 
-    gone = url.set(port=_free_port())
+    gone = url.set(port=free_port())
     got["refused"] = classify_error(_raised(lambda: _pg(gone.render_as_string(False), "SELECT 1")))
     nodb = url.set(database="eosink_no_such_db")
     got["no-db"] = classify_error(_raised(lambda: _pg(nodb.render_as_string(False), "SELECT 1")))
@@ -159,7 +154,7 @@ def test_s3_errors(s3_endpoint: str) -> None:
         )
 
     no_bucket = _raised(lambda: client(s3_endpoint).list_objects_v2(Bucket="eosink-no-such"))
-    away = _raised(lambda: client(f"http://127.0.0.1:{_free_port()}").list_objects_v2(Bucket="b"))
+    away = _raised(lambda: client(f"http://127.0.0.1:{free_port()}").list_objects_v2(Bucket="b"))
     assert classify_error(no_bucket) == ErrorVerdict(False, "S3 refused the request (NoSuchBucket)")
     assert classify_error(away) == ErrorVerdict(True, "S3 could not be reached")
 
@@ -208,7 +203,7 @@ def test_iceberg_errors() -> None:
 def test_http_and_os_errors(tmp_path: Path) -> None:
     import requests
 
-    port = _free_port()
+    port = free_port()
     refused = _raised(lambda: requests.get(f"http://127.0.0.1:{port}/v1/config", timeout=2))
     assert classify_error(refused) == ErrorVerdict(True, "the server could not be reached")
     sock = _raised(lambda: socket.create_connection(("127.0.0.1", port), timeout=2))
@@ -230,7 +225,7 @@ def test_the_chain_and_eosink_errors() -> None:
 
     def wrap() -> None:
         try:
-            socket.create_connection(("127.0.0.1", _free_port()), timeout=2)
+            socket.create_connection(("127.0.0.1", free_port()), timeout=2)
         except OSError as exc:
             raise Wrapped("the target failed") from exc
 

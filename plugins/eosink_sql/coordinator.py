@@ -40,9 +40,9 @@ from eosink import (
     TargetMarker,
     fault_point,
 )
-from eosink.util import sink_key
+from eosink.util import is_transient, sink_key
 
-from .db import Db, check_types, sql_type_of, transient
+from .db import Db, check_types, sql_type_of
 from .options import SqlSinkOptions
 
 __all__ = ["SqlCoordinator", "describe_open", "make_coordinator", "validate_schema"]
@@ -550,7 +550,7 @@ class SqlCoordinator(
         except sa_exc.OperationalError as exc:
             from eosink import CommitStateUnknownError
 
-            if not transient(exc):
+            if not is_transient(exc):
                 raise db.error(f"epoch {epoch}'s commit", exc) from None
             raise CommitStateUnknownError(str(db.error(f"epoch {epoch}'s commit", exc))) from None
         except SinkError:

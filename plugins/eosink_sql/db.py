@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 
 from eosink import SchemaMismatchError, SinkError
-from eosink.util import classify_error, redact
+from eosink.util import is_transient, redact
 
 from .options import SqlSinkOptions, normalized_url
 
@@ -150,12 +150,6 @@ def check_types(schema: pa.Schema) -> None:
             )
 
 
-def transient(exc: BaseException) -> bool:
-    """A lost connection, a lock timeout, a deadlock (retrying may succeed), not a statement
-    the database refuses: eosink's one rule (:func:`eosink.util.classify_error`)."""
-    return classify_error(exc).transient
-
-
 class Db:
     """One target database: an engine (no pool: short-lived uses) and its dialect's
     spelling of eosink's names."""
@@ -190,7 +184,7 @@ class Db:
         err = SinkError(
             f"sql sink {self.opts.target_label}: {what}: {detail.strip().splitlines()[0]}"
         )
-        err.transient = transient(exc)
+        err.transient = is_transient(exc)  # eosink's one rule
         return err
 
     def _url(self) -> str:
