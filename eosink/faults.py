@@ -57,9 +57,11 @@ after it (the writer's files are durable, its result never reaches the driver).
 (a driver that stalls, e.g. a long GC pause, while another takes over: a *zombie*) until it
 gets SIGCONT.
 
-If ``EOSINK_FAULT_MARK`` names a directory, a file ``<point>.<pid>`` is created there right
+If ``EOSINK_FAULT_MARK`` names a directory, a file ``<point>.<pid>`` appears there right
 before the kill, so a test can tell which point fired and in which process; it holds the
-point's *site* (see :func:`fault_point`), empty for points reached by one path only.
+point's *site* (see :func:`fault_point`), empty for points reached by one path only. It
+appears whole (written beside the directory, then renamed into it): a watcher that kills
+the driver as soon as a mark appears never reads a mark whose site is not written yet.
 """
 
 from __future__ import annotations
@@ -177,10 +179,16 @@ def fault_point(name: str, *, first_attempt: bool = True, site: str = "") -> Non
     if seen == _ARMED[name]:
         mark = os.environ.get("EOSINK_FAULT_MARK")
         if mark:
-            with open(os.path.join(mark, f"{name}.{os.getpid()}"), "w") as fh:
+            final = os.path.join(mark, f"{name}.{os.getpid()}")
+            # Beside the directory, not in it: watchers react to any file in it.
+            part = os.path.join(
+                os.path.dirname(os.path.abspath(mark)), f".{name}.{os.getpid()}.mark-part"
+            )
+            with open(part, "w") as fh:
                 fh.write(site)
                 fh.flush()
                 os.fsync(fh.fileno())
+            os.replace(part, final)
         sig = os.environ.get("EOSINK_FAULT_SIGNAL", "KILL").upper().removeprefix("SIG")
         # Sent to this thread: a signal sent to the process may be taken by another of its
         # threads, and this one would run on for a moment (a SIGSTOP at kafka_before_commit

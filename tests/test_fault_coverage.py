@@ -9,6 +9,12 @@ check."""
 from __future__ import annotations
 
 import fnmatch
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import faultmatrix as fm
 from faultmatrix import Record
@@ -69,3 +75,37 @@ def test_the_table_classifies_cells() -> None:
     assert fm.missing([]) == sorted(c for c in fm.cells() if fm.unreachable(*c) is None), (
         "no record: every reachable cell is missing"
     )
+
+
+_SLOW_MARK = """
+import builtins, sys, time
+from eosink import faults
+real_open = builtins.open
+def slow_open(*a, **k):  # each file opened for writing stays empty for a moment
+    fh = real_open(*a, **k)
+    if len(a) > 1 and "w" in a[1]:
+        time.sleep(0.5)
+    return fh
+builtins.open = slow_open
+faults.fault_point("mid_commit", site="local")
+"""
+
+
+def test_a_mark_appears_with_its_site(tmp_path: Path) -> None:
+    """A fault's mark file appears whole: the harness kills the driver as soon as a mark
+    appears (``Job._kill_when_fired``) and then reads the site from it; a mark seen empty
+    made a CI run record ``mid_commit`` without its site and fail the coverage table."""
+    marks = tmp_path / "faults"
+    marks.mkdir()
+    env = dict(os.environ, EOSINK_FAULT="mid_commit", EOSINK_FAULT_MARK=str(marks))
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_MARK], env=env)
+    while True:
+        ended = proc.poll() is not None
+        seen = [p.read_text() for p in marks.iterdir()]
+        if seen or ended:
+            assert seen == ["local"], "a mark was visible before its site was written"
+            break
+        time.sleep(0.005)
+    assert proc.wait() == -signal.SIGKILL
+    assert [p.name for p in marks.iterdir()] == [f"mid_commit.{proc.pid}"]
+    assert not list(tmp_path.glob(".*mark-part")), "the mark's partial file was left"
