@@ -42,9 +42,25 @@ class EosinkError(Exception):
 
     transient: bool = False
 
+    def __str__(self) -> str:
+        """The message, ending with where docs/errors.md says what to do about it (the entry
+        of the nearest class of ``eosink.errors``: a plugin's own subclass points to its
+        base's)."""
+        text = super().__str__()
+        ref = f"see docs/errors.md#{errors_md_entry(type(self))}"
+        return text if ref in text else f"{text} ({ref})"
+
     def __reduce__(self) -> tuple[Any, ...]:
         # Keep errors picklable even when subclasses take keyword-only arguments.
         return (_rebuild, (type(self), self.args, self.__dict__.copy()))
+
+
+def errors_md_entry(cls: type[EosinkError]) -> str:
+    """The anchor of docs/errors.md's entry for ``cls``: its nearest class of this module."""
+    for base in cls.__mro__:
+        if base.__module__ == __name__:
+            return base.__name__.lower()
+    return "eosinkerror"
 
 
 def _rebuild(cls: type[EosinkError], args: tuple[Any, ...], state: dict[str, Any]) -> EosinkError:

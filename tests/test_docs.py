@@ -1023,6 +1023,30 @@ def test_errors_md_has_an_entry_for_every_error_class() -> None:
     assert "errors.md" in nav
 
 
+def test_every_error_message_ends_with_its_errors_md_entry() -> None:
+    """Every eosink error's message ends with ``(see docs/errors.md#<anchor>)``, the anchor
+    of its class's section there (mkdocs: the heading lowercased); a plugin's own subclass
+    points to its base's; the pointer is not repeated when the message crossed Spark and
+    was rebuilt with it."""
+    from eosink import errors
+
+    text = (ROOT / "docs" / "errors.md").read_text()
+    anchors = {h.lower() for h in re.findall(r"^## (\w+)$", text, re.M)}
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        err = cls.__new__(cls)
+        Exception.__init__(err, "the message")
+        said = str(err)
+        m = re.fullmatch(r"the message \(see docs/errors\.md#(\w+)\)", said)
+        assert m and m.group(1) == name.lower() and m.group(1) in anchors, said
+        assert str(errors._rebuild(cls, (said,), {})) == said
+
+    class PluginsOwn(errors.CommitFailedError):
+        pass
+
+    assert str(PluginsOwn("x")) == "x (see docs/errors.md#commitfailederror)"
+
+
 def test_error_texts_quoted_in_the_docs_are_in_the_code() -> None:
     """Every error message the docs quote is one the code can give: its fixed part is in a
     string of eosink/ or plugins/, the code's values ({...}, %s) standing for the docs'

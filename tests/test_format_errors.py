@@ -78,7 +78,7 @@ def test_a_key_matching_two_options_is_an_error(caps_sinks: None, tmp_path: Path
     assert str(exc.value) == (
         "option 'maxbytes' of sink 'ambiguous' is ambiguous: Spark lowercases option keys, "
         "and it matches the options 'maxBytes', 'maxbytes'. format(\"eosink\") cannot tell "
-        "them apart; use eosink.run() for this sink"
+        "them apart; use eosink.run() for this sink (see docs/errors.md#configerror)"
     )
 
 
@@ -93,7 +93,9 @@ def test_the_eosink_error_at_the_end_of_a_worker_traceback() -> None:
         "eosink.errors.SinkIdentityError: sink_id 'a' writes 'b'\nsecond line\n"
     )
     err = _eosink_error_in(chained)
-    assert type(err) is SinkIdentityError and str(err) == "sink_id 'a' writes 'b'\nsecond line"
+    assert type(err) is SinkIdentityError and str(err) == (
+        "sink_id 'a' writes 'b'\nsecond line (see docs/errors.md#sinkidentityerror)"
+    )
     hidden = "eosink.errors.UnknownSinkError: unknown sink 'x'; installed sinks: a, b. Run ..."
     err = _eosink_error_in(hidden)  # spark.sql.execution.pyspark.udf.hideTraceback.enabled
     assert isinstance(err, UnknownSinkError) and (err.name, err.known) == ("x", ["a", "b"])

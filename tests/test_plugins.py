@@ -154,7 +154,7 @@ def test_capabilities_are_read_from_the_declared_record(tmp_path: Path) -> None:
     assert str(exc.value) == (
         "sink plugin 'jsonl_dir' declares capabilities target_marker=True, but its coordinator "
         "(Coordinator) does not implement eosink.TargetMarker: implement it, or declare "
-        "target_marker=False"
+        "target_marker=False (see docs/errors.md#configerror)"
     )
     _undeclared_told.discard("jsonl_dir")
     rt = runtime(dataclasses.replace(base, capabilities=None))  # written before the record
@@ -308,7 +308,7 @@ def test_testing_without_pytest_names_the_extra() -> None:
     assert last == (
         "eosink.errors.MissingExtraError: Python module 'pytest' is not installed (needed for "
         "eosink.testing, the conformance suite for sink plugins). Install it with: "
-        "pip install 'eosink[testing]'"
+        "pip install 'eosink[testing]' (see docs/errors.md#missingextraerror)"
     )
 
 
@@ -356,7 +356,8 @@ def test_a_missing_extra_fails_before_spark_is_touched() -> None:
     assert res.returncode == 0, res.stderr
     line = (
         "MissingExtraError eosink[iceberg] | Python module 'pyiceberg' is not installed "
-        "(needed for the iceberg sink). Install it with: pip install 'eosink[iceberg]'"
+        "(needed for the iceberg sink). Install it with: pip install 'eosink[iceberg]' "
+        "(see docs/errors.md#missingextraerror)"
     )
     assert res.stdout.splitlines() == [line, line]
 
@@ -401,7 +402,7 @@ def test_a_third_party_sink_declares_its_requirements() -> None:
     assert isinstance(err, MissingExtraError)
     assert str(err) == (
         "Python module 'no_such_module_eosink' is not installed (needed for the needy sink). "
-        "Install it with: pip install 'needy-sink[fast]'"
+        "Install it with: pip install 'needy-sink[fast]' (see docs/errors.md#missingextraerror)"
     )
     again = pickle.loads(pickle.dumps(err))
     assert (again.extra, again.install, again.pip) == ("fast", "needy-sink[fast]", err.pip)
