@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .. import _metrics
 from .._journal import Entry
 from .._metastore import (
     BATCH_AUTO,
@@ -41,6 +42,7 @@ class _Phases(_State):
         assert rec is not None and rec.status == PENDING and rec.committable is not None
         log.info("sink %s epoch %d: finishing the commit of a crashed run", self.sink_id, epoch)
         c = self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
+        _metrics.epoch_pending(self.sink_id, self.plugin.name, epoch, rec.created_at)
         fig = EpochFigures(
             rec.epoch,
             rec.rows,
@@ -175,6 +177,7 @@ class _Phases(_State):
             pre_commit_ms=pre_ms,
             origin=origin,
         )
+        _metrics.epoch_pending(self.sink_id, self.plugin.name, epoch)
         fig = EpochFigures(
             epoch,
             rows,
@@ -247,6 +250,7 @@ class _Phases(_State):
                 )
                 if final:
                     raise
+                _metrics.commit_retried(self.sink_id, self.plugin.name, exc)
                 log.warning(
                     "sink %s epoch %d: commit failed (%s); retrying in %.2fs",
                     self.sink_id,
@@ -264,6 +268,7 @@ class _Phases(_State):
         self.store.mark_committed(self.sink_id, self.generation, epoch, commit_ms=fig.commit_ms)
         fig.committed_at = time.time()
         self._keep_figures(epoch, fig)
+        _metrics.epoch_ended(self.sink_id, self.plugin.name, epoch, _metrics.COMMITTED, figures=fig)
         fault_point("after_mark_committed")
         target = self.target_journal()
         rec = (

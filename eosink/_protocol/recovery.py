@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any, cast
 
+from .. import _metrics
 from .._metastore import (
     ABORTED,
     BATCH_AUTO_UNREPORTED,
@@ -99,6 +100,7 @@ class _Recovery(_Phases):
                     step.epoch,
                 )
                 self.store.mark_aborted(self.sink_id, self.generation, step.epoch)
+                _metrics.epoch_ended(self.sink_id, self.plugin.name, step.epoch, _metrics.ABORTED)
         aborted = {r.epoch: r for r in self.store.epochs(self.sink_id, (ABORTED,))}
         known = [_known(r) for r in aborted.values()]
         for e in aborts_to_finish(known):

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from .. import _metrics
 from .._checkpoint import CheckpointDir
 from .._journal import Entry, Journal
 from .._metastore import (
@@ -217,7 +218,7 @@ class _State:
         self.write_marker()
         # Last: a start that failed leaves no thread behind (acquire recorded a heartbeat,
         # which goes stale).
-        self._heartbeat = Heartbeat(self.store, sid, self.generation)
+        self._heartbeat = Heartbeat(self.store, sid, self.generation, self.plugin.name)
         log.info(
             "sink %s: coordinator started (plugin %s, generation %d, meta store %s)",
             sid,
@@ -291,3 +292,4 @@ class _State:
         if self._heartbeat is not None:
             self._heartbeat.stop(keep=self.micro_batch)
             self._heartbeat = None
+            _metrics.runtime_closed(self.sink_id, self.plugin.name)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .. import _metrics
 from .._metastore import (
     HEARTBEAT_SECONDS,
     MetaStore,
@@ -27,17 +28,21 @@ class Heartbeat:
     operator commands tell a live owner on another host from a dead one by it. Fenced: a
     coordinator that lost the sink stops beating."""
 
-    def __init__(self, store: MetaStore, sink_id: str, generation: int) -> None:
+    def __init__(self, store: MetaStore, sink_id: str, generation: int, kind: str = "") -> None:
         self.store = store
         self.sink_id = sink_id
         self.generation = generation
+        self.kind = kind
+        _metrics.heartbeat(sink_id, kind)  # acquiring the sink recorded one
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="eosink-heartbeat", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
-            if not self.store.heartbeat(self.sink_id, self.generation):
+            if self.store.heartbeat(self.sink_id, self.generation):
+                _metrics.heartbeat(self.sink_id, self.kind)
+            else:
                 log.debug("sink %s: heartbeat not recorded", self.sink_id)
 
     def stop(self, *, keep: bool = False) -> None:

@@ -1,0 +1,149 @@
+"""eosink's metrics as an operator reads them: scraped from a real Prometheus endpoint and
+parsed by Prometheus' own text parser (prometheus_client's).
+
+* In the driver (``eosink.metrics.serve_prometheus``): a real stream's committed epochs, their
+  rows, commit durations and visibility lags.
+* Outside it (``eosink metrics serve``, a process of its own): after a real SIGKILL of the
+  driver with an epoch PENDING, the PENDING count is 1 and the oldest PENDING's age rises with
+  the heartbeat's; after the recovery run it falls to 0 and the commits are counted.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Job, make_input, read_ids
+from prometheus_client.parser import text_string_to_metric_families
+
+import eosink
+
+pytestmark = pytest.mark.crash
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of the endpoint: (name, labels) -> value."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    out = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            labels = {k: v for k, v in s.labels.items() if not k.startswith("otel_scope")}
+            out[(s.name, frozenset(labels.items()))] = s.value
+    return out
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float | None:
+    """The sample ``name`` whose labels include ``labels`` (sink id/kind, outcome...)."""
+    want = {(f"eosink_{k}" if k != "le" else k, v) for k, v in labels.items()}
+    hits = [v for (n, ls), v in samples.items() if n == name and want <= ls]
+    assert len(hits) <= 1, (name, labels, hits)
+    return hits[0] if hits else None
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> int:
+    """This worker's Prometheus endpoint (one OpenTelemetry SDK per process)."""
+    from eosink.metrics import serve_prometheus
+
+    return serve_prometheus(0, "127.0.0.1")
+
+
+def test_a_streams_figures_on_the_drivers_endpoint(
+    spark: Any, endpoint: int, tmp_path: Path
+) -> None:
+    inp, out, chk = tmp_path / "input", tmp_path / "out", tmp_path / "chk"
+    expected = make_input(inp, files=3, rows=40)
+    stream = (
+        spark.readStream.schema("id long, grp string, payload string")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(inp))
+    )
+    h = eosink.run(
+        stream,
+        sink="file",
+        path=str(out),
+        checkpoint_location=str(chk),
+        trigger={"availableNow": True},
+        metastore_url=f"sqlite:///{tmp_path / 'm.db'}",
+    )
+    h.await_termination()
+    assert read_ids(out) == expected
+    sid = f"file:{out.resolve()}"
+    got = scrape(endpoint)
+    me = {"sink_id": sid, "sink_kind": "file"}
+    assert value(got, "eosink_epochs_total", epoch_outcome="committed", **me) == 3
+    assert value(got, "eosink_epoch_rows_count", **me) == 3
+    assert value(got, "eosink_epoch_rows_sum", **me) == 120
+    assert value(got, "eosink_epoch_size_bytes_sum", **me) == sum(f.bytes for f in h.figures)
+    assert value(got, "eosink_commit_duration_seconds_count", **me) == 3
+    duration = value(got, "eosink_commit_duration_seconds_sum", **me)
+    assert duration == pytest.approx(sum(f.commit_ms for f in h.figures) / 1000)
+    lag = value(got, "eosink_visibility_lag_seconds_sum", **me)
+    assert lag == pytest.approx(sum(f.visibility_lag_s for f in h.figures))
+    assert value(got, "eosink_visibility_lag_seconds_bucket", le="+Inf", **me) == 3
+    assert value(got, "eosink_commit_retries_total", **me) is None  # nothing retried
+    # The stream ended: its state is no longer this driver's to report.
+    assert value(got, "eosink_epochs_pending", **me) is None
+
+
+def _serve(url: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``eosink metrics serve`` on a free port, reading the store every 0.2 s."""
+    fh = open(log, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eosink._cli", "metrics", "serve", "--metastore-url", url]
+        + ["--port", "0", "--addr", "127.0.0.1", "--every", "0.2"],
+        stdout=fh,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text())
+        if m:
+            return proc, int(m.group(1))
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError(f"eosink metrics serve did not start: {log.read_text()}")
+
+
+def test_metrics_serve_sees_a_dead_drivers_pending_epoch_and_its_recovery(tmp_path: Path) -> None:
+    job = Job(tmp_path, "stream", f"sqlite:///{tmp_path / 'm.db'}")
+    expected = make_input(job.input, files=3)
+    code = job.run(fault="after_persist@2")  # epoch 1 PENDING, the driver killed
+    job.assert_fired("after_persist@2", code)
+    proc, port = _serve(job.metastore, tmp_path / "serve.log")
+    try:
+        me = {"sink_id": job.sink_id, "sink_kind": "file"}
+        first = scrape(port)
+        assert value(first, "eosink_epochs_pending", **me) == 1
+        age0 = value(first, "eosink_epochs_pending_oldest_age_seconds", **me)
+        beat0 = value(first, "eosink_heartbeat_age_seconds", **me)
+        assert age0 is not None and age0 > 0 and beat0 is not None
+        time.sleep(1.0)
+        later = scrape(port)
+        age1 = value(later, "eosink_epochs_pending_oldest_age_seconds", **me)
+        assert age1 is not None and age1 >= age0 + 0.8, (age0, age1)
+        beat1 = value(later, "eosink_heartbeat_age_seconds", **me)
+        assert beat1 is not None and beat1 >= beat0 + 0.8, (beat0, beat1)  # nobody beats
+        assert value(later, "eosink_epochs_total", epoch_outcome="committed", **me) is None
+
+        assert job.run() == 0, job.last_log()  # recovery commits epoch 1, then the rest
+        assert read_ids(job.out) == expected
+        time.sleep(0.6)  # the next reads of the store
+        after = scrape(port)
+        assert value(after, "eosink_epochs_pending", **me) == 0
+        assert value(after, "eosink_epochs_pending_oldest_age_seconds", **me) == 0
+        committed = value(after, "eosink_epochs_total", epoch_outcome="committed", **me)
+        assert committed is not None and committed >= 2, committed  # epoch 1 and the rest
+        last = value(after, "eosink_last_commit_age_seconds", **me)
+        assert last is not None and last < 30, last
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert proc.returncode == 0, (tmp_path / "serve.log").read_text()
