@@ -94,13 +94,13 @@ def test_a_streams_figures_on_the_drivers_endpoint(
 
 def _serve(url: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     """``eosink metrics serve`` on a free port, reading the store every 0.2 s."""
-    fh = open(log, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "eosink._cli", "metrics", "serve", "--metastore-url", url]
-        + ["--port", "0", "--addr", "127.0.0.1", "--every", "0.2"],
-        stdout=fh,
-        stderr=subprocess.STDOUT,
-    )
+    argv = ["metrics", "serve", "--metastore-url", url, "--port", "0", "--addr", "127.0.0.1"]
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eosink._cli", *argv, "--every", "0.2"],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         m = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", log.read_text())
