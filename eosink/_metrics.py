@@ -103,6 +103,12 @@ RETRIES = _METER.create_counter(
     unit="{retry}",
     description="Commits retried after a transient error, by the error's class (error.type)",
 )
+BACKPRESSURE = _METER.create_counter(
+    "eosink.backpressure.time",
+    unit="s",
+    description="Seconds micro-batches waited for commits before writing (max_pending_epochs "
+    "reached: the target is down or slower than the stream)",
+)
 ROWS = _METER.create_histogram(
     "eosink.epoch.rows",
     unit="{row}",
@@ -174,6 +180,11 @@ def epoch_ended(
 def commit_retried(sink_id: str, kind: str, exc: BaseException) -> None:
     """The sink's commit failed with ``exc``, which the transient-error rule let retry."""
     RETRIES.add(1, _attrs(sink_id, kind, **{ERROR_TYPE: type(exc).__name__}))
+
+
+def backpressure(sink_id: str, kind: str, seconds: float) -> None:
+    """A micro-batch of the sink waited ``seconds`` for commits (``max_pending_epochs``)."""
+    BACKPRESSURE.add(seconds, _attrs(sink_id, kind))
 
 
 def heartbeat(sink_id: str, kind: str, at: float | None = None) -> None:

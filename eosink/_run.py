@@ -50,6 +50,7 @@ def run(
     new_checkpoint: Literal["refuse", "continue"] = "refuse",
     query_name: str | None = None,
     metastore_retry_s: float = 60.0,
+    max_pending_epochs: int = 8,
     **sink_options: Any,
 ) -> BatchResult | StreamingHandle:
     """Write ``df`` to a sink exactly once.
@@ -80,6 +81,11 @@ def run(
         query_name: streaming query name.
         metastore_retry_s: how long an unreachable meta store is retried (backoff up to 5 s)
             before the run fails with :class:`MetaStoreUnavailableError`.
+        max_pending_epochs: streaming, ``commit_mode="after_checkpoint"``: backpressure.
+            While this many epochs are written but not yet committed (a target that is down,
+            or slower than the stream), the next micro-batch waits for a commit before it
+            writes, instead of staging more data. Logged, and counted in the
+            ``eosink.backpressure.time`` metric. Default 8.
         **sink_options: the sink's options, validated by its pydantic model before any job.
 
     Returns:
@@ -100,6 +106,15 @@ def run(
     if commit_mode not in ("after_checkpoint", "inline"):
         raise ConfigError(
             f"commit_mode must be 'after_checkpoint' or 'inline', not {commit_mode!r}"
+        )
+    if isinstance(max_pending_epochs, bool) or not isinstance(max_pending_epochs, int):
+        raise ConfigError(
+            f"max_pending_epochs must be a whole number >= 1, not {max_pending_epochs!r}"
+        )
+    if max_pending_epochs < 1:
+        raise ConfigError(
+            f"max_pending_epochs must be >= 1 (1: each micro-batch waits for the commit of "
+            f"the one before), not {max_pending_epochs}"
         )
     streaming = bool(df.isStreaming)
     spark = df.sparkSession
@@ -142,7 +157,9 @@ def run(
                 runtime.close()
                 runtime.store.close()
         assert ckpt is not None
-        return _start_stream(df, runtime, setup, ckpt, trigger, commit_mode, query_name)
+        return _start_stream(
+            df, runtime, setup, ckpt, trigger, commit_mode, query_name, max_pending_epochs
+        )
     except BaseException:
         if streaming:
             runtime.close()
@@ -188,6 +205,7 @@ def _start_stream(
     trigger: dict[str, Any] | str | None,
     commit_mode: str,
     query_name: str | None,
+    max_pending_epochs: int = 8,
 ) -> StreamingHandle:
     inline = commit_mode == "inline"
     runtime.run_id = uuid.uuid4().hex
@@ -203,7 +221,13 @@ def _start_stream(
     first = base + (0 if last is None else last + 1)
     sid = runtime.sink_id
     settings = StreamSettings(
-        setup, ckpt.location, runtime.lineage, base, inline, runtime.run_id or ""
+        setup,
+        ckpt.location,
+        runtime.lineage,
+        base,
+        inline,
+        runtime.run_id or "",
+        max_pending_epochs=max_pending_epochs,
     )
     if ckpt.connect:
         # Spark Connect: the micro-batches run in the server's Python worker, which builds

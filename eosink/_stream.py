@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from . import _metrics
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
 from ._logs import default_logging
@@ -66,6 +67,8 @@ class StreamSettings:
         inline: commit inside the micro-batch (``commit_mode="inline"``).
         run_id: the ``eosink.run`` call's id, in the journal claims of its coordinators:
             how a Spark Connect client tells that a later run took the stream over.
+        max_pending_epochs: backpressure: a micro-batch waits before writing while this many
+            epochs wait for their commit (``commit_mode="after_checkpoint"``).
     """
 
     setup: SinkSetup
@@ -74,6 +77,7 @@ class StreamSettings:
     epoch_base: int
     inline: bool
     run_id: str = ""
+    max_pending_epochs: int = 8
 
     def check_shared(self) -> None:
         """Check that this process sees the checkpoint and the meta store the stream was set
@@ -235,11 +239,32 @@ class StreamBatches:
             self.live = self._open()
         live = self.live
         committer = live.committer
+        runtime = live.runtime
+        sid = runtime.sink_id
         if committer is not None:
             committer.raise_if_failed()
             committer.wake()
-        runtime = live.runtime
-        sid = runtime.sink_id
+            limit = self.settings.max_pending_epochs
+
+            def waiting(n: int) -> None:
+                log.warning(
+                    "sink %s: %d epochs wait for their commit (max_pending_epochs=%d): "
+                    "micro-batch %d waits for a commit before writing",
+                    sid,
+                    n,
+                    limit,
+                    batch_id,
+                )
+
+            waited = committer.wait_for_room(limit, waiting)
+            if waited:
+                _metrics.backpressure(sid, runtime.plugin.name, waited)
+                log.info(
+                    "sink %s: micro-batch %d goes on after waiting %.1fs for commits",
+                    sid,
+                    batch_id,
+                    waited,
+                )
         if not live.resumed and not self.settings.inline:
             runtime.resume_stream(self.settings.epoch_base, batch_id)
             live.resumed = True

@@ -33,6 +33,8 @@ METRICS = {
     "eosink.commit.duration": "histogram, s: an epoch's phase 2 (commit with retries, mark)",
     "eosink.visibility.lag": "histogram, s: end of an epoch's data to its commit visible",
     "eosink.commit.retries": "counter, {retry}: commits retried, by error.type",
+    "eosink.backpressure.time": "counter, s: micro-batches waiting for commits "
+    "(max_pending_epochs reached)",
     "eosink.epoch.rows": "histogram, {row}: rows an epoch committed",
     "eosink.epoch.size": "histogram, By: bytes an epoch committed",
     "eosink.epochs.pending": "gauge, {epoch}: epochs PENDING",

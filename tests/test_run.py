@@ -695,3 +695,94 @@ def test_format_eosink_without_registration(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     assert read_ids(out) == list(range(20))
     assert staged_files(out) == []
+
+
+def test_backpressure_while_the_target_is_down(spark, tmp_path: Path) -> None:
+    """``max_pending_epochs``: while the target refuses commits (a transient error, retried),
+    written epochs wait for their commit; at the limit the next micro-batch waits before it
+    writes, instead of staging more; when the target is back, every row lands exactly once."""
+    import dataclasses
+
+    from eosink._metastore import MetaStore
+    from eosink.registry import get_sink, plugin_manager
+
+    down = tmp_path / "target-down"
+    down.touch()
+    base = get_sink("file")
+    make = base.coordinator_factory
+
+    def coordinator_factory(options: Any, sink_id: str) -> Any:
+        coord = make(options, sink_id)
+        commit = coord.commit
+
+        def commit_unless_down(epoch: int, committable: Any) -> None:
+            if down.exists():
+                raise ConnectionRefusedError(111, "Connection refused (the target is down)")
+            commit(epoch, committable)
+
+        coord.commit = commit_unless_down
+        return coord
+
+    flaky = dataclasses.replace(base, name="file_down", coordinator_factory=coordinator_factory)
+
+    class Provider:
+        @eosink.hookimpl
+        def eosink_sinks(self) -> list[Any]:
+            return [flaky]
+
+    pm = plugin_manager()
+    provider = Provider()
+    pm.register(provider, name="target-down-provider")
+    inp, out, url = tmp_path / "input", tmp_path / "out", f"sqlite:///{tmp_path / 'm.db'}"
+    expected = make_input(inp, files=6, rows=10)
+    store = MetaStore(url)
+    h = None
+    try:
+        h = eosink.run(
+            _stream(spark, inp),
+            sink="file_down",
+            path=str(out),
+            checkpoint_location=str(tmp_path / "chk"),
+            metastore_url=url,
+            max_pending_epochs=2,
+        )
+        sid = h.sink_id
+
+        def written() -> list[int]:  # epochs with a row: PENDING, COMMITTED or ABORTED
+            return sorted(r.epoch for r in store.epochs(sid))
+
+        deadline = time.monotonic() + 90
+        while len(written()) < 2:
+            assert time.monotonic() < deadline and h.is_active, written()
+            time.sleep(0.1)
+        held_until = time.monotonic() + 3.0
+        while time.monotonic() < held_until:  # the third micro-batch waits, unwritten
+            assert written() == [0, 1], written()
+            time.sleep(0.1)
+        assert {r.status for r in store.epochs(sid)} == {"PENDING"}
+        down.unlink()  # the target is back
+        h.process_all_available()
+        h.stop()
+        assert read_ids(out) == expected
+        assert h.committed_epochs() == list(range(6))
+        assert staged_files(out) == []
+    finally:
+        if h is not None and h.is_active:
+            h.stop()
+        store.close()
+        pm.unregister(provider)
+
+
+@pytest.mark.parametrize("bad", [0, -1, "2", 2.5, True])
+def test_max_pending_epochs_must_be_a_whole_number_from_1(spark, tmp_path: Path, bad: Any) -> None:
+    (tmp_path / "input").mkdir()
+    with pytest.raises(ConfigError, match="max_pending_epochs must be"):
+        eosink.run(
+            _stream(spark, tmp_path / "input"),
+            sink="file",
+            path=str(tmp_path / "out"),
+            checkpoint_location=str(tmp_path / "chk"),
+            metastore_url=f"sqlite:///{tmp_path / 'm.db'}",
+            max_pending_epochs=bad,
+        )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "m.db").exists()

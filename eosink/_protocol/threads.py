@@ -91,6 +91,26 @@ class AsyncCommitter:
         with self._lock:
             return self._q.qsize() + (1 if self._head is not None else 0)
 
+    def wait_for_room(self, limit: int, before: Callable[[int], None]) -> float:
+        """Block until fewer than ``limit`` epochs wait for their commit (backpressure: a
+        target that is down or slow must not let staged epochs pile up without end).
+
+        ``before(n)`` is called once, with the number outstanding, if it has to wait.
+        Returns the seconds waited. Raises the committer's error if a commit failed for good.
+        """
+        t0 = time.monotonic()
+        n = self.outstanding()
+        if n < limit or self.error is not None:
+            self.raise_if_failed()
+            return 0.0
+        before(n)
+        with self._lock:
+            while self.error is None and self._q.qsize() + (self._head is not None) >= limit:
+                self._wake.set()
+                self._idle.wait(0.05)
+        self.raise_if_failed()
+        return time.monotonic() - t0
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             with self._lock:
