@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from ._datasource import register as register_datasource
     from ._handles import BatchResult, StreamingHandle
     from ._protocol import EpochFigures
+    from ._restart import RestartPolicy
     from ._run import run
     from ._session import spark_session
 
@@ -65,6 +66,7 @@ _LAZY = {
     "BatchResult": ("._handles", "BatchResult"),
     "StreamingHandle": ("._handles", "StreamingHandle"),
     "run": ("._run", "run"),
+    "RestartPolicy": ("._restart", "RestartPolicy"),
     "spark_session": ("._session", "spark_session"),
 }
 
@@ -102,6 +104,7 @@ __all__ = [
     "MissingExtraError",
     "NewCheckpointError",
     "Prepared",
+    "RestartPolicy",
     "Rolling",
     "SchemaMismatchError",
     "SchemaOutdatedError",

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import _metrics
 from ._protocol import EpochFigures
+from ._restart import NO_RESTART, RestartPolicy, restart_rule, stream_failure_verdict
 from ._stream import StreamBatches, eosink_error_of_stream, finish_stream, wait_committed
+from .errors import EosinkError
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -58,12 +63,17 @@ class StreamingHandle:
     filled from the meta store when the query ends, and ``stop()`` / ``await_termination()``
     commit from this client what the server's worker had not committed yet.
 
+    A query that fails on a transient error is started again from its checkpoint (the
+    ``restart=`` policy of ``eosink.run``) while you wait on the handle: ``await_termination``
+    and ``process_all_available`` go on with the new query, which :attr:`query` then is.
+
     Attributes:
-        query: the Spark ``StreamingQuery``.
+        query: the Spark ``StreamingQuery`` (the newest, after restarts).
         sink_id: the sink.
         epoch_base: epoch = ``epoch_base`` + Spark's batchId for this checkpoint.
         figures: one :class:`EpochFigures` per micro-batch of this run, in order (the newest
             1,000).
+        restarts: how many times the query was started again after a transient failure.
     """
 
     query: StreamingQuery
@@ -74,6 +84,10 @@ class StreamingHandle:
     figures: list[EpochFigures] = field(default_factory=list)
     _closed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    restarts: int = 0
+    _restart: Callable[[list[EpochFigures]], StreamingHandle] | None = None
+    _policy: RestartPolicy = NO_RESTART
+    _failures: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.figures = self._batches.figures
@@ -85,7 +99,8 @@ class StreamingHandle:
 
     @property
     def id(self) -> str:
-        """The Spark streaming query's id (new at every start; never part of the sink's state)."""
+        """The Spark streaming query's id (Spark keeps it in the checkpoint; never part of the
+        sink's state)."""
         return str(self.query.id)
 
     @property
@@ -137,6 +152,9 @@ class StreamingHandle:
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait for the query to end (e.g. ``availableNow``); drain commits; re-raise errors.
 
+        A failure that the restart policy retries starts the query again from its checkpoint
+        and the wait goes on (within ``timeout``).
+
         Returns:
             True if the query ended within ``timeout``.
 
@@ -144,42 +162,113 @@ class StreamingHandle:
             EosinkError: the error that stopped the query when eosink raised it (over Spark
                 Connect too); else Spark's ``StreamingQueryException``.
         """
-        try:
-            done = (
-                self.query.awaitTermination(timeout)  # type: ignore[arg-type]
-                if timeout is not None
-                else (self.query.awaitTermination() or True)
-            )
-        except BaseException as exc:
-            live = self._batches.live
-            if live is None and _still_running(self.query):
-                raise  # e.g. KeyboardInterrupt: the server's query runs on; stop() ends it
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
             try:
+                done: bool | None
+                if end is None:
+                    done = self.query.awaitTermination() or True
+                else:
+                    left = max(0.0, end - time.monotonic())
+                    done = self.query.awaitTermination(left)  # type: ignore[arg-type]
+            except BaseException as exc:
+                if self._stopped_by(exc):
+                    continue
+                raise
+            if done:
                 self._finish()
-            except Exception:
-                log.exception("sink %s: finishing the stopped stream failed", self.sink_id)
-            if live is not None and live.committer is not None:
-                live.committer.raise_if_failed()
-            err = eosink_error_of_stream(exc)
-            if err is not None:
-                raise err from _spark_error(err, exc)
-            raise
-        if done:
+            return bool(done)
+
+    def _stopped_by(self, exc: BaseException) -> bool:
+        """The query stopped with ``exc``: finish what it left, then restart it (True) when
+        the policy says so; else raise the error the user should see (False: ``exc``)."""
+        live = self._batches.live
+        if live is None and _still_running(self.query):
+            return False  # e.g. KeyboardInterrupt: the server's query runs on; stop() ends it
+        try:
             self._finish()
-        return bool(done)
+        except Exception:
+            log.exception("sink %s: finishing the stopped stream failed", self.sink_id)
+        failed = live.committer.error if live is not None and live.committer is not None else None
+        err = failed if failed is not None else eosink_error_of_stream(exc)
+        if isinstance(exc, Exception) and self._restarted(failed or exc, err):
+            return True
+        if failed is not None:
+            raise failed
+        if err is not None:
+            raise err from _spark_error(err, exc)
+        return False
+
+    def _restarted(self, failure: BaseException, err: BaseException | None) -> bool:
+        """Apply the restart rules to ``failure``; start the query again if they say so."""
+        if self._restart is None:
+            return False
+        now = time.monotonic()
+        eosink_err = err if isinstance(err, EosinkError) else None
+        verdict = stream_failure_verdict(failure, eosink_err)
+        decision = restart_rule(verdict, self._failures, now, self._policy)
+        shown = err if err is not None else failure
+        what = f"{type(shown).__name__}: {str(shown).splitlines()[0] if str(shown) else ''}"
+        if not decision.restart:
+            if verdict.transient:
+                log.error(
+                    "sink %s: the streaming query failed (%s); not restarted: %s",
+                    self.sink_id,
+                    what,
+                    decision.why,
+                )
+            return False
+        self._failures.append(now)
+        log.warning(
+            "sink %s: the streaming query failed (%s), %s: restarting it from its checkpoint "
+            "in %.1fs (restart %d; at most %d within %gs)",
+            self.sink_id,
+            what,
+            decision.why,
+            decision.delay_s,
+            self.restarts + 1,
+            self._policy.max_failures,
+            self._policy.interval_s,
+        )
+        time.sleep(decision.delay_s)
+        try:
+            new = self._restart(self.figures)
+        except Exception as again:
+            log.warning("sink %s: the restart failed: %s", self.sink_id, again)
+            if self._restarted(again, again if isinstance(again, EosinkError) else None):
+                return True
+            raise
+        self.query, self.epoch_base, self._batches = new.query, new.epoch_base, new._batches
+        self._closed = False
+        self.restarts += 1
+        _metrics.stream_restarted(
+            self.sink_id, self._batches.settings.setup.plugin.name, verdict.why
+        )
+        log.warning(
+            "sink %s: streaming query restarted (run %s, restart %d)",
+            self.sink_id,
+            self.query.runId,
+            self.restarts,
+        )
+        return True
 
     def process_all_available(self, timeout: float = 300.0) -> None:
         """Block until the source's available data is processed and committed.
 
         Over Spark Connect the server's worker commits; this waits (up to ``timeout``
-        seconds) until the meta store shows every checkpointed epoch committed."""
-        try:
-            self.query.processAllAvailable()
-        except Exception as exc:
-            err = eosink_error_of_stream(exc)
-            if err is not None:
-                raise err from _spark_error(err, exc)
-            raise
+        seconds) until the meta store shows every checkpointed epoch committed. A failure
+        that the restart policy retries starts the query again, and the wait goes on."""
+        while True:
+            try:
+                self.query.processAllAvailable()
+            except Exception as exc:
+                if not _still_running(self.query) and self._stopped_by(exc):
+                    continue
+                err = eosink_error_of_stream(exc)
+                if err is not None:
+                    raise err from _spark_error(err, exc)
+                raise
+            break
         live = self._batches.live
         if live is None:
             wait_committed(self._batches.settings, lambda: _still_running(self.query), timeout)

@@ -109,6 +109,12 @@ BACKPRESSURE = _METER.create_counter(
     description="Seconds micro-batches waited for commits before writing (max_pending_epochs "
     "reached: the target is down or slower than the stream)",
 )
+RESTARTS = _METER.create_counter(
+    "eosink.stream.restarts",
+    unit="{restart}",
+    description="Streaming queries started again from their checkpoint after a transient "
+    "failure, by its reason",
+)
 ROWS = _METER.create_histogram(
     "eosink.epoch.rows",
     unit="{row}",
@@ -185,6 +191,11 @@ def commit_retried(sink_id: str, kind: str, exc: BaseException) -> None:
 def backpressure(sink_id: str, kind: str, seconds: float) -> None:
     """A micro-batch of the sink waited ``seconds`` for commits (``max_pending_epochs``)."""
     BACKPRESSURE.add(seconds, _attrs(sink_id, kind))
+
+
+def stream_restarted(sink_id: str, kind: str, why: str) -> None:
+    """The sink's stream was started again after a transient failure (``why``)."""
+    RESTARTS.add(1, _attrs(sink_id, kind, **{"eosink.restart.reason": why}))
 
 
 def heartbeat(sink_id: str, kind: str, at: float | None = None) -> None:

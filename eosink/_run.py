@@ -18,7 +18,8 @@ from ._checkpoint import CheckpointDir
 from ._handles import BatchResult, StreamingHandle
 from ._logs import default_logging
 from ._metastore import MetaStore
-from ._protocol import AsyncCommitter, SinkRuntime
+from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
+from ._restart import RestartPolicy
 from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import spark_master
@@ -35,6 +36,7 @@ log = logging.getLogger("eosink")
 __all__ = ["CommitMode", "run"]
 
 CommitMode = Literal["after_checkpoint", "inline"]
+DEFAULT_RESTART = RestartPolicy()
 
 
 def run(
@@ -51,6 +53,7 @@ def run(
     query_name: str | None = None,
     metastore_retry_s: float = 60.0,
     max_pending_epochs: int = 8,
+    restart: RestartPolicy | None = DEFAULT_RESTART,
     **sink_options: Any,
 ) -> BatchResult | StreamingHandle:
     """Write ``df`` to a sink exactly once.
@@ -86,6 +89,12 @@ def run(
             or slower than the stream), the next micro-batch waits for a commit before it
             writes, instead of staging more data. Logged, and counted in the
             ``eosink.backpressure.time`` metric. Default 8.
+        restart: streaming: how a query that failed on a transient error (a Python worker
+            that did not start, a lost executor, a meta store or target that went away) is
+            started again from its checkpoint, while you wait on the handle
+            (``await_termination``, ``process_all_available``). Default
+            ``RestartPolicy()``: at most 3 restarts within 10 minutes, after 5 s, 10 s,
+            20 s. ``None``: never. Errors a restart cannot fix are never retried.
         **sink_options: the sink's options, validated by its pydantic model before any job.
 
     Returns:
@@ -107,6 +116,8 @@ def run(
         raise ConfigError(
             f"commit_mode must be 'after_checkpoint' or 'inline', not {commit_mode!r}"
         )
+    if restart is not None and not isinstance(restart, RestartPolicy):
+        raise ConfigError(f"restart must be an eosink.RestartPolicy(...) or None, not {restart!r}")
     if isinstance(max_pending_epochs, bool) or not isinstance(max_pending_epochs, int):
         raise ConfigError(
             f"max_pending_epochs must be a whole number >= 1, not {max_pending_epochs!r}"
@@ -157,9 +168,34 @@ def run(
                 runtime.close()
                 runtime.store.close()
         assert ckpt is not None
-        return _start_stream(
+        handle = _start_stream(
             df, runtime, setup, ckpt, trigger, commit_mode, query_name, max_pending_epochs
         )
+        if restart is not None and restart.max_failures > 0:
+            stream_ckpt = ckpt
+
+            def start_again(figures: list[EpochFigures]) -> StreamingHandle:
+                again = open_runtime(setup)
+                try:
+                    return _start_stream(
+                        df,
+                        again,
+                        setup,
+                        stream_ckpt,
+                        trigger,
+                        commit_mode,
+                        query_name,
+                        max_pending_epochs,
+                        figures,
+                    )
+                except BaseException:
+                    again.close()
+                    again.store.close()
+                    raise
+
+            handle._restart = start_again
+            handle._policy = restart
+        return handle
     except BaseException:
         if streaming:
             runtime.close()
@@ -206,6 +242,7 @@ def _start_stream(
     commit_mode: str,
     query_name: str | None,
     max_pending_epochs: int = 8,
+    figures: list[Any] | None = None,
 ) -> StreamingHandle:
     inline = commit_mode == "inline"
     runtime.run_id = uuid.uuid4().hex
@@ -232,12 +269,12 @@ def _start_stream(
     if ckpt.connect:
         # Spark Connect: the micro-batches run in the server's Python worker, which builds
         # its own coordinator from the settings (and fences this one).
-        batches = StreamBatches(settings)
+        batches = StreamBatches(settings, figures=figures if figures is not None else [])
         runtime.close()
         runtime.store.close()
     else:
         committer = None if inline else AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
-        batches = StreamBatches(settings)
+        batches = StreamBatches(settings, figures=figures if figures is not None else [])
         batches.live = _Live(runtime, committer, batches.figures, Roller.start_for(runtime))
 
     writer = df.writeStream.foreachBatch(batches).option("checkpointLocation", ckpt.spark_location)

@@ -35,6 +35,8 @@ METRICS = {
     "eosink.commit.retries": "counter, {retry}: commits retried, by error.type",
     "eosink.backpressure.time": "counter, s: micro-batches waiting for commits "
     "(max_pending_epochs reached)",
+    "eosink.stream.restarts": "counter, {restart}: streams started again after a transient "
+    "failure, by eosink.restart.reason",
     "eosink.epoch.rows": "histogram, {row}: rows an epoch committed",
     "eosink.epoch.size": "histogram, By: bytes an epoch committed",
     "eosink.epochs.pending": "gauge, {epoch}: epochs PENDING",

@@ -422,7 +422,7 @@ def _documented_default(cell: str) -> tuple[str, Any]:
     size = re.fullmatch(r"(\d+) (KiB|MiB|GiB)", token)
     if size:
         return "value", int(size.group(1)) * _SIZES[size.group(2)]
-    for parse in (json.loads, ast.literal_eval):
+    for parse in (json.loads, _doc_value):
         try:
             return "value", parse(token)
         except (ValueError, SyntaxError):
@@ -430,6 +430,20 @@ def _documented_default(cell: str) -> tuple[str, Any]:
     if m and re.fullmatch(r"[A-Za-z_][\w.-]*", token):
         return "value", token  # a backticked word: a string
     return "computed", c
+
+
+def _doc_value(src: str | ast.expr) -> Any:
+    """A value the docs write: a Python literal, or ``RestartPolicy(...)`` /
+    ``eosink.RestartPolicy(...)`` of literals (built, so it compares with the code's)."""
+    import eosink
+
+    node = ast.parse(src, mode="eval").body if isinstance(src, str) else src
+    if isinstance(node, ast.Call):
+        name = ast.unparse(node.func)
+        if name in ("RestartPolicy", "eosink.RestartPolicy") and not node.args:
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
+            return eosink.RestartPolicy(**kwargs)
+    return ast.literal_eval(node)
 
 
 def _same_default(claim: tuple[str, Any], actual: Any) -> bool:
@@ -522,7 +536,7 @@ def test_documented_signatures_are_the_code() -> None:
         assert kw.arg in params, f"docs/run.md: eosink.run has no parameter {kw.arg}"
         default = params[kw.arg].default
         if default is not inspect.Parameter.empty:
-            assert ast.literal_eval(kw.value) == default, f"docs/run.md: {kw.arg}"
+            assert _doc_value(kw.value) == default, f"docs/run.md: {kw.arg}"
             seen += 1
     assert seen >= 8, seen
     sigs = 0

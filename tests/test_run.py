@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -697,72 +699,85 @@ def test_format_eosink_without_registration(tmp_path: Path) -> None:
     assert staged_files(out) == []
 
 
-def test_backpressure_while_the_target_is_down(spark, tmp_path: Path) -> None:
-    """``max_pending_epochs``: while the target refuses commits (a transient error, retried),
-    written epochs wait for their commit; at the limit the next micro-batch waits before it
-    writes, instead of staging more; when the target is back, every row lands exactly once."""
+@contextlib.contextmanager
+def _file_sink_with(name: str, **methods: Callable[..., Any]) -> Iterator[None]:
+    """The file sink registered as ``name``, its coordinator's ``methods`` wrapped: each
+    wrapper gets the real method first (``def commit(real, epoch, committable)``)."""
     import dataclasses
+    import functools
 
-    from eosink._metastore import MetaStore
     from eosink.registry import get_sink, plugin_manager
 
-    down = tmp_path / "target-down"
-    down.touch()
     base = get_sink("file")
     make = base.coordinator_factory
 
     def coordinator_factory(options: Any, sink_id: str) -> Any:
         coord = make(options, sink_id)
-        commit = coord.commit
-
-        def commit_unless_down(epoch: int, committable: Any) -> None:
-            if down.exists():
-                raise ConnectionRefusedError(111, "Connection refused (the target is down)")
-            commit(epoch, committable)
-
-        coord.commit = commit_unless_down
+        for method, wrapper in methods.items():
+            setattr(coord, method, functools.partial(wrapper, getattr(coord, method)))
         return coord
 
-    flaky = dataclasses.replace(base, name="file_down", coordinator_factory=coordinator_factory)
+    wrapped = dataclasses.replace(base, name=name, coordinator_factory=coordinator_factory)
 
     class Provider:
         @eosink.hookimpl
         def eosink_sinks(self) -> list[Any]:
-            return [flaky]
+            return [wrapped]
 
     pm = plugin_manager()
     provider = Provider()
-    pm.register(provider, name="target-down-provider")
+    pm.register(provider, name=f"{name}-provider")
+    try:
+        yield
+    finally:
+        pm.unregister(provider)
+
+
+def test_backpressure_while_the_target_is_down(spark, tmp_path: Path) -> None:
+    """``max_pending_epochs``: while the target refuses commits (a transient error, retried),
+    written epochs wait for their commit; at the limit the next micro-batch waits before it
+    writes, instead of staging more; when the target is back, every row lands exactly once."""
+    from eosink._metastore import MetaStore
+
+    down = tmp_path / "target-down"
+    down.touch()
+
+    def commit(real: Any, epoch: int, committable: Any) -> None:
+        if down.exists():
+            raise ConnectionRefusedError(111, "Connection refused (the target is down)")
+        real(epoch, committable)
+
     inp, out, url = tmp_path / "input", tmp_path / "out", f"sqlite:///{tmp_path / 'm.db'}"
     expected = make_input(inp, files=6, rows=10)
     store = MetaStore(url)
     h = None
     try:
-        h = eosink.run(
-            _stream(spark, inp),
-            sink="file_down",
-            path=str(out),
-            checkpoint_location=str(tmp_path / "chk"),
-            metastore_url=url,
-            max_pending_epochs=2,
-        )
-        sid = h.sink_id
+        with _file_sink_with("file_down", commit=commit):
+            h = eosink.run(
+                _stream(spark, inp),
+                sink="file_down",
+                path=str(out),
+                checkpoint_location=str(tmp_path / "chk"),
+                metastore_url=url,
+                max_pending_epochs=2,
+            )
+            sid = h.sink_id
 
-        def written() -> list[int]:  # epochs with a row: PENDING, COMMITTED or ABORTED
-            return sorted(r.epoch for r in store.epochs(sid))
+            def written() -> list[int]:  # epochs with a row: PENDING, COMMITTED or ABORTED
+                return sorted(r.epoch for r in store.epochs(sid))
 
-        deadline = time.monotonic() + 90
-        while len(written()) < 2:
-            assert time.monotonic() < deadline and h.is_active, written()
-            time.sleep(0.1)
-        held_until = time.monotonic() + 3.0
-        while time.monotonic() < held_until:  # the third micro-batch waits, unwritten
-            assert written() == [0, 1], written()
-            time.sleep(0.1)
-        assert {r.status for r in store.epochs(sid)} == {"PENDING"}
-        down.unlink()  # the target is back
-        h.process_all_available()
-        h.stop()
+            deadline = time.monotonic() + 90
+            while len(written()) < 2:
+                assert time.monotonic() < deadline and h.is_active, written()
+                time.sleep(0.1)
+            held_until = time.monotonic() + 3.0
+            while time.monotonic() < held_until:  # the third micro-batch waits, unwritten
+                assert written() == [0, 1], written()
+                time.sleep(0.1)
+            assert {r.status for r in store.epochs(sid)} == {"PENDING"}
+            down.unlink()  # the target is back
+            h.process_all_available()
+            h.stop()
         assert read_ids(out) == expected
         assert h.committed_epochs() == list(range(6))
         assert staged_files(out) == []
@@ -770,7 +785,64 @@ def test_backpressure_while_the_target_is_down(spark, tmp_path: Path) -> None:
         if h is not None and h.is_active:
             h.stop()
         store.close()
-        pm.unregister(provider)
+
+
+def _restart_run(spark, tmp_path: Path, name: str, **run: Any) -> Any:  # type: ignore[no-untyped-def]
+    return eosink.run(
+        _stream(spark, tmp_path / "input"),
+        sink=name,
+        path=str(tmp_path / "out"),
+        checkpoint_location=str(tmp_path / "chk"),
+        metastore_url=f"sqlite:///{tmp_path / 'm.db'}",
+        trigger="availableNow",
+        **run,
+    )
+
+
+def test_a_stream_restarts_after_a_transient_failure(spark, tmp_path: Path) -> None:
+    """The target resets the connection once in phase 1 of epoch 1: the query fails; the
+    handle the user waits on starts it again from its checkpoint (RestartPolicy), and every
+    row lands exactly once."""
+    expected = make_input(tmp_path / "input", files=4, rows=10)
+    once = tmp_path / "reset-once"
+    once.touch()
+
+    def pre_commit(real: Any, epoch: int, results: Any) -> Any:
+        if epoch == 1 and once.exists():
+            once.unlink()
+            raise ConnectionResetError(104, "the target reset the connection")
+        return real(epoch, results)
+
+    with _file_sink_with("file_reset", pre_commit=pre_commit):
+        h = _restart_run(spark, tmp_path, "file_reset", restart=eosink.RestartPolicy(delay_s=0.2))
+        first = h.query.runId
+        assert h.await_termination() is True
+    assert h.restarts == 1 and h.query.runId != first
+    assert read_ids(tmp_path / "out") == expected
+    assert h.committed_epochs() == [0, 1, 2, 3]
+    assert staged_files(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("case", ["permanent", "too-often"])
+def test_a_stream_is_not_restarted_on_an_error_a_restart_cannot_fix(
+    spark, tmp_path: Path, case: str
+) -> None:
+    """A bug (ValueError) is never retried; a transient error that goes on is retried
+    ``max_failures`` times, then raised."""
+    make_input(tmp_path / "input", files=2, rows=10)
+
+    def pre_commit(real: Any, epoch: int, results: Any) -> Any:
+        if case == "permanent":
+            raise ValueError("the pipeline's own bug")
+        raise ConnectionResetError(104, "the target reset the connection")
+
+    policy = eosink.RestartPolicy(max_failures=2, delay_s=0.1)
+    with _file_sink_with("file_broken", pre_commit=pre_commit):
+        h = _restart_run(spark, tmp_path, "file_broken", restart=policy)
+        with pytest.raises(Exception, match=r"pipeline's own bug|reset the connection"):
+            h.await_termination()
+    assert h.restarts == (0 if case == "permanent" else 2)
+    assert read_ids(tmp_path / "out") == []
 
 
 @pytest.mark.parametrize("bad", [0, -1, "2", 2.5, True])
