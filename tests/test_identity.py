@@ -284,7 +284,8 @@ def test_meta_store_outage_mid_stream(
 ) -> None:
     """A real PostgreSQL stopped and restarted while a stream runs: the stream rides it out
     (a micro-batch meets the outage and retries with backoff) and the output is exact; with
-    a shorter bound it stops cleanly and a restart finishes exactly."""
+    a shorter bound it stops cleanly and a restart finishes exactly; with the restart policy
+    the handle makes that restart itself."""
     from services import EmbeddedPostgres
 
     pg = EmbeddedPostgres()  # its own server: stopped and restarted below
@@ -298,7 +299,9 @@ def test_meta_store_outage_mid_stream(
             tmp.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(lo, hi)))
             os.replace(tmp, inp / f"{lo}.json")
 
-        def start(chk: str, retry_s: float) -> eosink.StreamingHandle:
+        def start(
+            chk: str, retry_s: float, restart: eosink.RestartPolicy | None = None
+        ) -> eosink.StreamingHandle:
             h = eosink.run(
                 _stream(spark, inp),
                 sink="file",
@@ -307,6 +310,7 @@ def test_meta_store_outage_mid_stream(
                 metastore_url=pg.url,
                 trigger={"processingTime": "200 milliseconds"},
                 metastore_retry_s=retry_s,
+                restart=restart,
             )
             assert isinstance(h, eosink.StreamingHandle)
             return h
@@ -345,6 +349,23 @@ def test_meta_store_outage_mid_stream(
         h.process_all_available()
         h.stop()
         assert read_ids(out) == list(range(40))
+        assert staged_files(out) == []
+
+        # The default restart policy does that restart itself: the handle the user waits on
+        # starts the query again (its first restarts meet the outage too: retried with
+        # growing delays), and the stream goes on exactly once.
+        h = start("chk", retry_s=1, restart=eosink.RestartPolicy(delay_s=1.0))
+        pg.pause()
+        feed(40, 50)
+        back = threading.Timer(5, pg.resume)
+        back.start()
+        h.process_all_available()
+        back.join()
+        assert h.restarts >= 1 and h.is_active
+        feed(50, 60)
+        h.process_all_available()
+        h.stop()
+        assert read_ids(out) == list(range(60))
         assert staged_files(out) == []
     finally:
         pg.stop()
