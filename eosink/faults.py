@@ -62,6 +62,8 @@ before the kill, so a test can tell which point fired and in which process; it h
 point's *site* (see :func:`fault_point`), empty for points reached by one path only. It
 appears whole (written beside the directory, then renamed into it): a watcher that kills
 the driver as soon as a mark appears never reads a mark whose site is not written yet.
+With ``EOSINK_FAULT_ONCE=1`` too, a point fires in one process only: a point whose mark is
+there already (another process fired it: a Python worker that Spark started again) passes.
 """
 
 from __future__ import annotations
@@ -178,6 +180,9 @@ def fault_point(name: str, *, first_attempt: bool = True, site: str = "") -> Non
         _SEEN[name] = seen = _SEEN.get(name, 0) + 1
     if seen == _ARMED[name]:
         mark = os.environ.get("EOSINK_FAULT_MARK")
+        if mark and os.environ.get("EOSINK_FAULT_ONCE") == "1":
+            if any(f.startswith(f"{name}.") for f in os.listdir(mark)):
+                return
         if mark:
             final = os.path.join(mark, f"{name}.{os.getpid()}")
             # Beside the directory, not in it: watchers react to any file in it.

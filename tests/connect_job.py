@@ -27,7 +27,8 @@ A step (JSON object)::
     register    format: "eosink" (eosink.register_datasource(spark), default), "spark"
                 (spark.dataSource.register(EosinkDataSource)) or "none" (nothing is
                 registered: Spark's own lookup of installed data sources finds it)
-    run_options more keyword arguments of eosink.run (commit_mode, new_checkpoint, ...)
+    run_options more keyword arguments of eosink.run (commit_mode, new_checkpoint, ...;
+                ``restart``: the keyword arguments of an ``eosink.RestartPolicy``)
     background  stream: start it and go on with the next step; the client finishes the
                 background streams (as ``end`` says) after the last step, in order
     wait_for    a path: the step starts once it exists (the test says when)
@@ -148,6 +149,8 @@ def run_step(spark: Any, step: dict[str, Any]) -> Finish:
     df = _rows(_input(spark, step, stream), step, batch=not stream)
     if step["front"] == "run":
         opts = {**step.get("options", {}), **core, **step.get("run_options", {})}
+        if isinstance(opts.get("restart"), dict):
+            opts["restart"] = eosink.RestartPolicy(**opts["restart"])
         if not stream:
             r = eosink.run(df, sink=sink, epoch=step.get("epoch"), **opts)
             return lambda: {"batch": _asdict(r)}
@@ -166,6 +169,7 @@ def run_step(spark: Any, step: dict[str, Any]) -> Finish:
                 "query_id": h.id,
                 "figures": [f.as_dict() for f in h.figures],
                 "committed_epochs": list(h.committed_epochs()),
+                "restarts": h.restarts,
             }
 
         return finish_run

@@ -154,6 +154,30 @@ def test_sink_over_connect(
             raise AssertionError(f"{key}: {exc}\n{client}") from exc
 
 
+@pytest.mark.crash
+def test_a_stream_restarts_after_its_server_worker_died(
+    connect_server: ConnectServer, tmp_path: Path
+) -> None:
+    """The server's foreachBatch Python worker is SIGKILLed once, after phase 1 of the
+    second micro-batch (a worker lost, as to the OOM killer): the query fails; the client's
+    handle (eosink.run's default restart policy, a shorter first delay) finishes the dead
+    run's epochs and starts the query again from its checkpoint; every row exactly once."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {"EOSINK_FAULT": "after_persist@2", "EOSINK_FAULT_MARK": str(marks)}
+    connect_server.ensure(env={**env, "EOSINK_FAULT_ONCE": "1"})
+    job = make_job(connect_server, tmp_path / "job", "file", "stream", "run")
+    expected = make_input(job.input, files=3, rows=ROWS)
+    step = job.step(run_options={"restart": {"delay_s": 0.5}})
+    client = run_client(connect_server.url, [step], tmp_path / "client.log")
+    assert client.code == 0 and not client.errors, client
+    assert [m.name.split(".")[0] for m in marks.iterdir()] == ["after_persist"]
+    result = client.result(0)
+    assert result is not None and result["restarts"] == 1, client
+    check_output(job, expected)
+    assert sorted(epoch_states(job.metastore_url, job.sink_id)["COMMITTED"]) == [0, 1, 2]
+
+
 # ---------------------------------------------------------------------------------------
 # Bad options
 # ---------------------------------------------------------------------------------------
