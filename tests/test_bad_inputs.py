@@ -175,7 +175,11 @@ def run_case(case: Case, c: Ctx) -> EosinkError:
     c.seconds = time.monotonic() - t0
     err = exc.value
     assert type(err) is case.error, f"{type(err).__name__}: {err}"
-    first = str(err).splitlines()[0] if str(err) else ""
+    # Every message ends with its docs/errors.md entry; the rows say what comes before it.
+    ref = f" (see docs/errors.md#{type(err).__name__.lower()})"
+    assert str(err).endswith(ref), f"no errors.md pointer: {err}"
+    said = str(err).removesuffix(ref)
+    first = said.splitlines()[0] if said else ""
     assert re.search(case.first, first), f"first line: {first!r}\nfull: {err}"
     if case.option_check:
         assert _jobs(c.spark) == jobs, "a Spark job ran before the options were checked"
