@@ -262,8 +262,10 @@ class StreamingHandle:
             try:
                 self.query.processAllAvailable()
             except Exception as exc:
-                if not _still_running(self.query) and self._stopped_by(exc):
-                    continue
+                if not _still_running(self.query):
+                    if self._stopped_by(exc):
+                        continue
+                    raise  # _stopped_by raised the eosink error, if there was one
                 err = eosink_error_of_stream(exc)
                 if err is not None:
                     raise err from _spark_error(err, exc)

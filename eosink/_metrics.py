@@ -198,10 +198,10 @@ def stream_restarted(sink_id: str, kind: str, why: str) -> None:
     RESTARTS.add(1, _attrs(sink_id, kind, **{"eosink.restart.reason": why}))
 
 
-def heartbeat(sink_id: str, kind: str, at: float | None = None) -> None:
-    """The sink's coordinator in this process recorded its heartbeat (``at``: now)."""
+def heartbeat(sink_id: str, kind: str) -> None:
+    """The sink's coordinator in this process recorded its heartbeat, now."""
     with _LOCK:
-        _BEATS[(sink_id, kind)] = time.time() if at is None else at
+        _BEATS[(sink_id, kind)] = time.time()
         _PENDING.setdefault((sink_id, kind), {})  # a running sink shows 0 PENDING epochs
 
 

@@ -158,49 +158,42 @@ def run(
         checkpoint_location=ckpt.location if ckpt is not None else None,
         master=lambda: spark_master(spark),
     )
-    runtime = open_runtime(setup)
-    try:
-        if not streaming:
+    if not streaming:
+        runtime = open_runtime(setup)
+        try:
             _warn_if_unfenced(df, runtime.store, setup.sink_id)
-            try:
-                return _run_batch(df, runtime, schema, setup.epoch)
-            finally:
-                runtime.close()
-                runtime.store.close()
-        assert ckpt is not None
-        handle = _start_stream(
-            df, runtime, setup, ckpt, trigger, commit_mode, query_name, max_pending_epochs
-        )
-        if restart is not None and restart.max_failures > 0:
-            stream_ckpt = ckpt
-
-            def start_again(figures: list[EpochFigures]) -> StreamingHandle:
-                again = open_runtime(setup)
-                try:
-                    return _start_stream(
-                        df,
-                        again,
-                        setup,
-                        stream_ckpt,
-                        trigger,
-                        commit_mode,
-                        query_name,
-                        max_pending_epochs,
-                        figures,
-                    )
-                except BaseException:
-                    again.close()
-                    again.store.close()
-                    raise
-
-            handle._restart = start_again
-            handle._policy = restart
-        return handle
-    except BaseException:
-        if streaming:
+            return _run_batch(df, runtime, schema, setup.epoch)
+        finally:
             runtime.close()
             runtime.store.close()
-        raise
+    stream_ckpt = ckpt
+    assert stream_ckpt is not None
+
+    def start(figures: list[EpochFigures] | None = None) -> StreamingHandle:
+        """A new coordinator and the query started on it: the first start, and each restart
+        (which keeps the handle's ``figures``)."""
+        runtime = open_runtime(setup)
+        try:
+            return _start_stream(
+                df,
+                runtime,
+                setup,
+                stream_ckpt,
+                trigger,
+                commit_mode,
+                query_name,
+                max_pending_epochs,
+                figures,
+            )
+        except BaseException:
+            runtime.close()
+            runtime.store.close()
+            raise
+
+    handle = start()
+    if restart is not None and restart.max_failures > 0:
+        handle._restart, handle._policy = start, restart
+    return handle
 
 
 def _run_batch(
@@ -241,8 +234,8 @@ def _start_stream(
     trigger: dict[str, Any] | str | None,
     commit_mode: str,
     query_name: str | None,
-    max_pending_epochs: int = 8,
-    figures: list[Any] | None = None,
+    max_pending_epochs: int,
+    figures: list[EpochFigures] | None = None,
 ) -> StreamingHandle:
     inline = commit_mode == "inline"
     runtime.run_id = uuid.uuid4().hex
@@ -266,15 +259,14 @@ def _start_stream(
         runtime.run_id or "",
         max_pending_epochs=max_pending_epochs,
     )
+    batches = StreamBatches(settings, figures=[] if figures is None else figures)
     if ckpt.connect:
         # Spark Connect: the micro-batches run in the server's Python worker, which builds
         # its own coordinator from the settings (and fences this one).
-        batches = StreamBatches(settings, figures=figures if figures is not None else [])
         runtime.close()
         runtime.store.close()
     else:
         committer = None if inline else AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
-        batches = StreamBatches(settings, figures=figures if figures is not None else [])
         batches.live = _Live(runtime, committer, batches.figures, Roller.start_for(runtime))
 
     writer = df.writeStream.foreachBatch(batches).option("checkpointLocation", ckpt.spark_location)

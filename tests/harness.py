@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,6 +21,28 @@ import pyarrow.parquet as pq
 
 TESTS = Path(__file__).resolve().parent
 GROUPS = ["fr", "de/at", "..", "x%y", ""]
+
+
+@contextlib.contextmanager
+def sinks_registered(name: str, *plugins: Any) -> Iterator[None]:
+    """``plugins`` (``eosink.SinkPlugin``) offered to this process's sink registry for the
+    block, as an installed plugin module's ``eosink_sinks`` hook offers its sinks; ``name``
+    is the registration's name."""
+    import eosink
+    from eosink.registry import plugin_manager
+
+    class Provider:
+        @eosink.hookimpl
+        def eosink_sinks(self) -> list[Any]:
+            return list(plugins)
+
+    pm = plugin_manager()
+    provider = Provider()
+    pm.register(provider, name=name)
+    try:
+        yield
+    finally:
+        pm.unregister(provider)
 
 
 def payload(i: int, pad: int = 0) -> str:

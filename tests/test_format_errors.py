@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import sinks_registered
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 import eosink
@@ -33,8 +34,6 @@ class _AmbiguousOptions(BaseModel):
 @pytest.fixture
 def caps_sinks() -> Iterator[None]:
     """Two sinks with capitalized option names, registered in this process."""
-    from eosink.registry import plugin_manager
-
     base = eosink.get_sink("jsonl_dir")
 
     def sink(name: str, model: type[BaseModel]) -> eosink.SinkPlugin[Any, Any, Any]:
@@ -48,15 +47,10 @@ def caps_sinks() -> Iterator[None]:
             default_sink_id=lambda o: f"{name}:{o.path}",
         )
 
-    class Provider:
-        @eosink.hookimpl
-        def eosink_sinks(self) -> list[Any]:
-            return [sink("caps", _CapsOptions), sink("ambiguous", _AmbiguousOptions)]
-
-    provider = Provider()
-    plugin_manager().register(provider, name="caps-provider")
-    yield
-    plugin_manager().unregister(provider)
+    with sinks_registered(
+        "caps-provider", sink("caps", _CapsOptions), sink("ambiguous", _AmbiguousOptions)
+    ):
+        yield
 
 
 def test_lowercased_keys_reach_the_declared_fields(caps_sinks: None, tmp_path: Path) -> None:

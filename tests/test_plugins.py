@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from harness import sinks_registered
 
 import eosink
 from eosink import ConfigError, UnknownSinkError, get_sink, list_sinks
@@ -366,7 +367,6 @@ def test_a_third_party_sink_declares_its_requirements() -> None:
     import pickle
 
     from eosink import MissingExtraError
-    from eosink.registry import plugin_manager
 
     base = get_sink("jsonl_dir")
     needy = eosink.SinkPlugin(
@@ -381,20 +381,10 @@ def test_a_third_party_sink_declares_its_requirements() -> None:
         requires={"json": "needy-sink", "no_such_module_eosink": "needy-sink[fast]"},
     )
 
-    class Provider:
-        @eosink.hookimpl
-        def eosink_sinks(self) -> list[Any]:
-            return [needy]
-
-    pm = plugin_manager()
-    provider = Provider()
-    pm.register(provider, name="needy-provider")
-    try:
+    with sinks_registered("needy-provider", needy):
         info = {s.name: s for s in list_sinks()}["needy"]
         with pytest.raises(ConfigError) as exc:
             get_sink("needy").check_ready()
-    finally:
-        pm.unregister(provider)
     assert info.status == "missing extra"
     assert info.missing == ("no_such_module_eosink",)
     assert info.install == "pip install 'needy-sink[fast]'"

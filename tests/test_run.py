@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from harness import make_input, read_ids, staged_files
+from harness import make_input, read_ids, sinks_registered, staged_files
 
 import eosink
 from eosink import (
@@ -387,7 +387,7 @@ def test_failed_write_aborts_after_its_other_tasks_stopped(spark, tmp_path: Path
     _eosink_staging/ (CI saw it with a partition value refused in one task)."""
     import dataclasses
 
-    from eosink.registry import get_sink, plugin_manager
+    from eosink.registry import get_sink
 
     base = get_sink("file")
     make = base.writer_factory
@@ -405,18 +405,9 @@ def test_failed_write_aborts_after_its_other_tasks_stopped(spark, tmp_path: Path
         return w
 
     slow = dataclasses.replace(base, name="file_late_task", writer_factory=writer_factory)
-
-    class Provider:
-        @eosink.hookimpl
-        def eosink_sinks(self) -> list[Any]:
-            return [slow]
-
-    pm = plugin_manager()
-    provider = Provider()
-    pm.register(provider, name="late-task-provider")
     out = tmp_path / "out"
     df = spark.range(0, 8, 1, 2)
-    try:
+    with sinks_registered("late-task-provider", slow):
         with pytest.raises(SinkError, match="partition 0 refuses its rows"):
             eosink.run(
                 df,
@@ -429,8 +420,6 @@ def test_failed_write_aborts_after_its_other_tasks_stopped(spark, tmp_path: Path
         assert staged_files(out) == []
         time.sleep(1.5)  # a task still running would have staged by now
         assert staged_files(out) == []
-    finally:
-        pm.unregister(provider)
 
 
 def test_zombie_coordinator_cannot_commit(spark, tmp_path: Path, metastore_url: str) -> None:
@@ -706,7 +695,7 @@ def _file_sink_with(name: str, **methods: Callable[..., Any]) -> Iterator[None]:
     import dataclasses
     import functools
 
-    from eosink.registry import get_sink, plugin_manager
+    from eosink.registry import get_sink
 
     base = get_sink("file")
     make = base.coordinator_factory
@@ -718,19 +707,8 @@ def _file_sink_with(name: str, **methods: Callable[..., Any]) -> Iterator[None]:
         return coord
 
     wrapped = dataclasses.replace(base, name=name, coordinator_factory=coordinator_factory)
-
-    class Provider:
-        @eosink.hookimpl
-        def eosink_sinks(self) -> list[Any]:
-            return [wrapped]
-
-    pm = plugin_manager()
-    provider = Provider()
-    pm.register(provider, name=f"{name}-provider")
-    try:
+    with sinks_registered(f"{name}-provider", wrapped):
         yield
-    finally:
-        pm.unregister(provider)
 
 
 def test_backpressure_while_the_target_is_down(spark, tmp_path: Path) -> None:

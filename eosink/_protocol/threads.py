@@ -89,7 +89,11 @@ class AsyncCommitter:
 
     def outstanding(self) -> int:
         with self._lock:
-            return self._q.qsize() + (1 if self._head is not None else 0)
+            return self._outstanding_locked()
+
+    def _outstanding_locked(self) -> int:
+        """Epochs submitted and not committed yet; the caller holds ``_lock``."""
+        return self._q.qsize() + (1 if self._head is not None else 0)
 
     def wait_for_room(self, limit: int, before: Callable[[int], None]) -> float:
         """Block until fewer than ``limit`` epochs wait for their commit (backpressure: a
@@ -105,7 +109,7 @@ class AsyncCommitter:
             return 0.0
         before(n)
         with self._lock:
-            while self.error is None and self._q.qsize() + (self._head is not None) >= limit:
+            while self.error is None and self._outstanding_locked() >= limit:
                 self._wake.set()
                 self._idle.wait(0.05)
         self.raise_if_failed()
