@@ -1093,3 +1093,26 @@ def test_iceberg_md_says_which_pyiceberg_is_tested() -> None:
     assert f"pyiceberg {locked.group(1)}" in text, f"docs/iceberg.md: pyiceberg {locked.group(1)}"
     assert f"`{extra.group(1)}`" in text, f"docs/iceberg.md does not give {extra.group(1)}"
     assert f"`{_compat.PYICEBERG_TESTED}`" in text
+
+
+def test_diagrams_are_rendered_from_their_sources() -> None:
+    """Every Mermaid source of docs/diagrams/ has its SVG in docs/img/, rendered from the
+    source as it is now (the SVG's first line holds the source's SHA-256), and the docs show
+    it: a changed diagram is rendered again (``python docs/_ext/diagrams.py``) or this fails."""
+    sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+    try:
+        import diagrams
+    finally:
+        sys.path.pop(0)
+    sources = sorted((ROOT / "docs" / "diagrams").glob("*.mmd"))
+    assert {s.stem for s in sources} >= {"protocol", "states"}
+    shown = "".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    for src in sources:
+        svg = ROOT / "docs" / "img" / f"{src.stem}.svg"
+        assert svg.exists(), f"{svg} is missing: run python docs/_ext/diagrams.py"
+        first, _, rest = svg.read_text().partition("\n")
+        assert first == diagrams.header(src), (
+            f"{svg.name} was rendered from another {src.name}: run python docs/_ext/diagrams.py"
+        )
+        assert rest.startswith("<svg") and "foreignObject" not in rest  # text an <img> shows
+        assert f"(img/{svg.name})" in shown, f"no page shows {svg.name}"

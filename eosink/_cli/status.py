@@ -12,93 +12,106 @@ from .owners import owner_alive
 from .stores import open_store
 from .text import iso, one_line, table
 
+MS = "milliseconds"
+"""An epoch's times (PENDING since, committed at) carry milliseconds: charts and lag need them."""
 
-def cmd_status(args: argparse.Namespace) -> int:
+
+def collect(store: Any, sink_id: str | None, recent: int) -> list[dict[str, Any]]:
+    """What ``eosink status --json`` prints: one dict per sink of ``store`` (only ``sink_id``
+    if given), with its ``recent`` newest COMMITTED epochs (0: every one the store keeps)."""
     from .._metastore import ABORTED, COMMITTED, DROPPED_OPEN_FILE, PENDING
 
+    out = []
+    for s in store.sinks():
+        if sink_id and s.sink_id != sink_id:
+            continue
+        pending_rows = store.epochs(s.sink_id, (PENDING,))
+        pending = [e.epoch for e in pending_rows]
+        aborted = [e.epoch for e in store.epochs(s.sink_id, (ABORTED,))]
+        recent_rows = store.epochs(s.sink_id, (COMMITTED,), limit=recent)
+        losses = store.losses(s.sink_id)
+        open_items, open_note = open_at_target(s, pending_rows, recent_rows[-1:])
+        out.append(
+            {
+                "sink_id": s.sink_id,
+                "plugin": s.plugin,
+                "generation": s.generation,
+                "owner": s.owner,
+                "owner_alive": owner_alive(s.owner, s.heartbeat_at),
+                "heartbeat_at": iso(s.heartbeat_at),
+                "created_at": iso(s.created_at),
+                "updated_at": iso(s.updated_at),
+                "last_error": s.last_error,
+                "last_error_at": iso(s.last_error_at),
+                "target": s.target,
+                "stream_lineage": s.lineage,
+                "stream_epoch_base": s.epoch_base if s.lineage else None,
+                "gc_floor": s.gc_floor if s.gc_floor >= 0 else None,
+                "last_committed_epoch": s.high_water if s.high_water >= 0 else None,
+                "committed_epochs": s.committed_epochs,
+                "pending_epochs": pending,
+                "pending": [
+                    {
+                        "epoch": r.epoch,
+                        "run": r.origin,
+                        "rows": r.rows,
+                        "files": r.files,
+                        "pending_since": iso(r.created_at, MS),
+                    }
+                    for r in pending_rows
+                ],
+                "aborted_epochs": aborted,
+                "open_at_target": open_items,
+                "open_at_target_note": open_note,
+                "last_roll": (
+                    {**s.last_roll, "at": iso(float(s.last_roll["at"]))} if s.last_roll else None
+                ),
+                "losses": [
+                    {
+                        "epoch": x.epoch,
+                        "run": x.origin,
+                        "rows": x.rows,
+                        "files": x.files,
+                        "bytes": x.bytes,
+                        "reason": x.reason,
+                        "recorded_by": x.recorded_by,
+                        "recorded_at": iso(x.recorded_at),
+                        "written_again": x.origin != DROPPED_OPEN_FILE
+                        and again is not None
+                        and again.status == COMMITTED,
+                    }
+                    for x in losses
+                    for again in [store.epoch(s.sink_id, x.epoch)]
+                ],
+                "recent_commits": [
+                    {
+                        "epoch": r.epoch,
+                        "run": r.origin,
+                        "pending_since": iso(r.created_at, MS),
+                        "committed_at": iso(r.committed_at, MS),
+                        "pending_to_committed_s": round(
+                            (r.committed_at or 0.0) - (r.created_at or r.committed_at or 0.0), 3
+                        ),
+                        "rows": r.rows,
+                        "files": r.files,
+                        "bytes": r.bytes,
+                        "pre_commit_ms": round(r.pre_commit_ms or 0.0, 2),
+                        "commit_ms": round(r.commit_ms or 0.0, 2),
+                        "visibility_lag_s": round(
+                            (r.committed_at or 0.0) - (r.batch_end_at or 0.0), 3
+                        ),
+                    }
+                    for r in reversed(recent_rows)
+                ],
+            }
+        )
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> int:
     store = open_store(args.metastore_url)
     try:
-        out = []
-        for s in store.sinks():
-            if args.sink_id and s.sink_id != args.sink_id:
-                continue
-            pending_rows = store.epochs(s.sink_id, (PENDING,))
-            pending = [e.epoch for e in pending_rows]
-            aborted = [e.epoch for e in store.epochs(s.sink_id, (ABORTED,))]
-            recent = store.epochs(s.sink_id, (COMMITTED,), limit=args.recent)
-            losses = store.losses(s.sink_id)
-            open_items, open_note = open_at_target(s, pending_rows, recent[-1:])
-            out.append(
-                {
-                    "sink_id": s.sink_id,
-                    "plugin": s.plugin,
-                    "generation": s.generation,
-                    "owner": s.owner,
-                    "owner_alive": owner_alive(s.owner, s.heartbeat_at),
-                    "heartbeat_at": iso(s.heartbeat_at),
-                    "created_at": iso(s.created_at),
-                    "updated_at": iso(s.updated_at),
-                    "last_error": s.last_error,
-                    "last_error_at": iso(s.last_error_at),
-                    "target": s.target,
-                    "stream_lineage": s.lineage,
-                    "stream_epoch_base": s.epoch_base if s.lineage else None,
-                    "gc_floor": s.gc_floor if s.gc_floor >= 0 else None,
-                    "last_committed_epoch": s.high_water if s.high_water >= 0 else None,
-                    "committed_epochs": s.committed_epochs,
-                    "pending_epochs": pending,
-                    "pending": [
-                        {
-                            "epoch": r.epoch,
-                            "run": r.origin,
-                            "rows": r.rows,
-                            "files": r.files,
-                            "pending_since": iso(r.created_at),
-                        }
-                        for r in pending_rows
-                    ],
-                    "aborted_epochs": aborted,
-                    "open_at_target": open_items,
-                    "open_at_target_note": open_note,
-                    "last_roll": (
-                        {**s.last_roll, "at": iso(float(s.last_roll["at"]))}
-                        if s.last_roll
-                        else None
-                    ),
-                    "losses": [
-                        {
-                            "epoch": x.epoch,
-                            "run": x.origin,
-                            "rows": x.rows,
-                            "files": x.files,
-                            "bytes": x.bytes,
-                            "reason": x.reason,
-                            "recorded_by": x.recorded_by,
-                            "recorded_at": iso(x.recorded_at),
-                            "written_again": x.origin != DROPPED_OPEN_FILE
-                            and again is not None
-                            and again.status == COMMITTED,
-                        }
-                        for x in losses
-                        for again in [store.epoch(s.sink_id, x.epoch)]
-                    ],
-                    "recent_commits": [
-                        {
-                            "epoch": r.epoch,
-                            "run": r.origin,
-                            "committed_at": iso(r.committed_at),
-                            "rows": r.rows,
-                            "files": r.files,
-                            "pre_commit_ms": round(r.pre_commit_ms or 0.0, 2),
-                            "commit_ms": round(r.commit_ms or 0.0, 2),
-                            "visibility_lag_s": round(
-                                (r.committed_at or 0.0) - (r.batch_end_at or 0.0), 3
-                            ),
-                        }
-                        for r in reversed(recent)
-                    ],
-                }
-            )
+        out = collect(store, args.sink_id, 0 if args.html else args.recent)
     finally:
         store.close()
     if args.sink_id and not out:
@@ -108,6 +121,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if args.html:
+        from .statuspage import write_pages
+
+        for path in write_pages(out, args.html, store.url_redacted):
+            print(f"wrote {path}")
+        return 0
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -256,4 +275,12 @@ def register(sub: Any) -> None:
     sp.add_argument("--sink-id")
     sp.add_argument("--recent", type=int, default=5, help="recent commits shown per sink")
     sp.add_argument("--json", action="store_true")
+    sp.add_argument(
+        "--html",
+        metavar="FILE",
+        help="write a self-contained page with charts (epochs over time, visibility lag, rows "
+        "per epoch, losses, what is open) from every epoch the meta store keeps: FILE for one "
+        "sink; with several, FILE is an index and each sink gets FILE's name + its id "
+        "(needs eosink[charts])",
+    )
     sp.set_defaults(fn=cmd_status)

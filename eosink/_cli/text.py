@@ -19,8 +19,9 @@ def one_line(text: str) -> str:
     return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
-def iso(t: float | None) -> str | None:
-    """A Unix time as local ISO 8601 with its offset (None stays None)."""
+def iso(t: float | None, timespec: str = "seconds") -> str | None:
+    """A Unix time as local ISO 8601 with its offset (None stays None); ``timespec`` as
+    ``datetime.isoformat``'s (an epoch's times: ``milliseconds``)."""
     if not t:
         return None
-    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+    return datetime.fromtimestamp(t).astimezone().isoformat(timespec=timespec)
