@@ -207,6 +207,15 @@ def metastore_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
+def metrics_endpoint() -> int:
+    """This worker's Prometheus endpoint of eosink's metrics (one OpenTelemetry SDK per
+    process: every test of the worker that records metrics is read through it)."""
+    from eosink.metrics import serve_prometheus
+
+    return serve_prometheus(0, "127.0.0.1")
+
+
+@pytest.fixture(scope="session")
 def spark():  # type: ignore[no-untyped-def]
     import eosink
 

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
@@ -1039,3 +1040,70 @@ def read_output_rows(output: Output, fmt: str) -> list[dict[str, Any]]:
         }
         rows += [{**r, **dirs, "_file": rel} for r in got]
     return rows
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a Prometheus endpoint (``eosink.metrics.serve_prometheus``, ``eosink
+    metrics serve``), parsed by prometheus_client's parser: (name, labels) -> value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    out = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for s in family.samples:
+            labels = {k: v for k, v in s.labels.items() if not k.startswith("otel_scope")}
+            out[(s.name, frozenset(labels.items()))] = s.value
+    return out
+
+
+def value(samples: dict[Any, float], name: str, **labels: str) -> float | None:
+    """The sample ``name`` whose labels include ``labels`` (sink id/kind, outcome...)."""
+    want = {(k if k in ("le", "error_type") else f"eosink_{k}", v) for k, v in labels.items()}
+    hits = [v for (n, ls), v in samples.items() if n == name and want <= ls]
+    assert len(hits) <= 1, (name, labels, hits)
+    return hits[0] if hits else None
+
+
+_PENDING_DRIVER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import pyarrow as pa
+    from eosink._metastore import MetaStore
+    from eosink._protocol import SinkRuntime
+    from eosink.registry import get_sink
+    from eosink.testing import drive_writers
+
+    url, out, sid = sys.argv[1:4]
+    plugin = get_sink("file")
+    options = plugin.parse_options({"path": out, "format": "parquet"})
+    rt = SinkRuntime(plugin, options, sid, MetaStore(url))
+    rt.start()
+    rt.lineage = "0123456789abcdef"
+    schema = pa.schema([("id", pa.int64())])
+    start = 0
+    for epoch in range(10):
+        n = 100 + 40 * epoch
+        batch = pa.record_batch([pa.array(range(start, start + n), pa.int64())], schema)
+        start += n
+        setup = rt.coordinator.writer_setup(schema)
+        results = drive_writers(plugin, options, sid, epoch, [[batch]], setup)
+        c, fig = rt.pre_commit(epoch, results, rows=n, write_s=0.0)
+        if epoch < 8:
+            time.sleep(0.15 * (epoch % 3))  # commits that take longer, some of them
+            rt.commit_epoch(epoch, c, fig)
+        time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGKILL)  # epochs 8 and 9 PENDING, the driver gone
+    """
+)
+
+
+def driver_killed_with_two_pending(url: str, out: Path, sid: str) -> None:
+    """A driver process without Spark (the core's ``SinkRuntime``, the file sink at ``out``,
+    the meta store at ``url``) commits epochs 0-7 (100 + 40 x epoch rows each, ids from 0),
+    persists 8 and 9 and is SIGKILLed: two PENDING epochs, their owner dead."""
+    died = subprocess.run(
+        [sys.executable, "-c", _PENDING_DRIVER, url, str(out), sid], capture_output=True, text=True
+    )
+    assert died.returncode == -signal.SIGKILL, died.stderr

@@ -14,48 +14,19 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Job, make_input, read_ids
-from prometheus_client.parser import text_string_to_metric_families
+from harness import Job, driver_killed_with_two_pending, make_input, read_ids, scrape, value
 
 import eosink
 
 pytestmark = pytest.mark.crash
 
 
-def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of the endpoint: (name, labels) -> value."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-    out = {}
-    for family in text_string_to_metric_families(text.decode()):
-        for s in family.samples:
-            labels = {k: v for k, v in s.labels.items() if not k.startswith("otel_scope")}
-            out[(s.name, frozenset(labels.items()))] = s.value
-    return out
-
-
-def value(samples: dict[Any, float], name: str, **labels: str) -> float | None:
-    """The sample ``name`` whose labels include ``labels`` (sink id/kind, outcome...)."""
-    want = {(f"eosink_{k}" if k != "le" else k, v) for k, v in labels.items()}
-    hits = [v for (n, ls), v in samples.items() if n == name and want <= ls]
-    assert len(hits) <= 1, (name, labels, hits)
-    return hits[0] if hits else None
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> int:
-    """This worker's Prometheus endpoint (one OpenTelemetry SDK per process)."""
-    from eosink.metrics import serve_prometheus
-
-    return serve_prometheus(0, "127.0.0.1")
-
-
 def test_a_streams_figures_on_the_drivers_endpoint(
-    spark: Any, endpoint: int, tmp_path: Path
+    spark: Any, metrics_endpoint: int, tmp_path: Path
 ) -> None:
     inp, out, chk = tmp_path / "input", tmp_path / "out", tmp_path / "chk"
     expected = make_input(inp, files=3, rows=40)
@@ -75,7 +46,7 @@ def test_a_streams_figures_on_the_drivers_endpoint(
     h.await_termination()
     assert read_ids(out) == expected
     sid = f"file:{out.resolve()}"
-    got = scrape(endpoint)
+    got = scrape(metrics_endpoint)
     me = {"sink_id": sid, "sink_kind": "file"}
     assert value(got, "eosink_epochs_total", epoch_outcome="committed", **me) == 3
     assert value(got, "eosink_epoch_rows_count", **me) == 3
@@ -147,3 +118,72 @@ def test_metrics_serve_sees_a_dead_drivers_pending_epoch_and_its_recovery(tmp_pa
         proc.terminate()
         proc.wait(timeout=30)
     assert proc.returncode == 0, (tmp_path / "serve.log").read_text()
+
+
+def test_an_epoch_aborted_by_recovery_is_counted(tmp_path: Path, metrics_endpoint: int) -> None:
+    """A coordinator persists epoch 1 and crashes before Spark's checkpoint (in-process:
+    ``simulate``); the next one's recovery aborts it (rule 2): the driver's endpoint counts
+    one ``aborted`` epoch beside the committed one, and no PENDING epoch is left."""
+    import pyarrow as pa
+
+    from eosink._metastore import MetaStore
+    from eosink._protocol import SinkRuntime
+    from eosink.faults import SimulatedCrash, simulate
+    from eosink.registry import get_sink
+    from eosink.testing import drive_writers
+
+    plugin = get_sink("file")
+    options = plugin.parse_options({"path": str(tmp_path / "out"), "format": "parquet"})
+    sid, url = "file:aborted-metrics", f"sqlite:///{tmp_path / 'm.db'}"
+    schema = pa.schema([("id", pa.int64())])
+
+    def runtime() -> SinkRuntime:
+        rt = SinkRuntime(plugin, options, sid, MetaStore(url))
+        rt.start()
+        rt.lineage = "0123456789abcdef"
+        return rt
+
+    def write(rt: SinkRuntime, epoch: int) -> None:
+        batch = pa.record_batch([pa.array(range(epoch * 10, epoch * 10 + 10))], schema)
+        setup = rt.coordinator.writer_setup(schema)
+        results = drive_writers(plugin, options, sid, epoch, [[batch]], setup)
+        c, fig = rt.pre_commit(epoch, results, rows=10, write_s=0.0)
+        rt.commit_epoch(epoch, c, fig)
+
+    rt = runtime()
+    write(rt, 0)
+    with simulate("before_commit", 1), pytest.raises(SimulatedCrash):
+        write(rt, 1)  # epoch 1 PENDING; Spark never checkpointed it
+    rt.close()
+    rt.store.close()
+    rt = runtime()
+    rt.recover(first_epoch=1)  # epoch 1 is replayed: its PENDING row is aborted
+    rt.close()
+    rt.store.close()
+    got = scrape(metrics_endpoint)
+    me = {"sink_id": sid, "sink_kind": "file"}
+    assert value(got, "eosink_epochs_total", epoch_outcome="aborted", **me) == 1
+    assert value(got, "eosink_epochs_total", epoch_outcome="committed", **me) == 1
+
+
+def test_metrics_serve_counts_an_abandoned_epoch(tmp_path: Path) -> None:
+    """A driver killed with epochs 8 and 9 PENDING; ``eosink abandon`` gives up epoch 8:
+    ``eosink metrics serve`` counts it as ``abandoned``, and epoch 9 as the one PENDING."""
+    url, sid = f"sqlite:///{tmp_path / 'm.db'}", "file:abandoned-metrics"
+    driver_killed_with_two_pending(url, tmp_path / "out", sid)
+    proc, port = _serve(url, tmp_path / "serve.log")
+    try:
+        me = {"sink_id": sid, "sink_kind": "file"}
+        assert value(scrape(port), "eosink_epochs_pending", **me) == 2
+        subprocess.run(
+            [sys.executable, "-m", "eosink._cli", "abandon", "--metastore-url", url,
+             "--sink-id", sid, "--epoch", "8", "--reason", "test", "--accept-data-loss"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        time.sleep(0.6)  # the next reads of the store
+        got = scrape(port)
+        assert value(got, "eosink_epochs_total", epoch_outcome="abandoned", **me) == 1
+        assert value(got, "eosink_epochs_pending", **me) == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

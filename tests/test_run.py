@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from harness import make_input, read_ids, sinks_registered, staged_files
+from harness import make_input, read_ids, scrape, sinks_registered, staged_files, value
 
 import eosink
 from eosink import (
@@ -711,10 +711,13 @@ def _file_sink_with(name: str, **methods: Callable[..., Any]) -> Iterator[None]:
         yield
 
 
-def test_backpressure_while_the_target_is_down(spark, tmp_path: Path) -> None:
+def test_backpressure_while_the_target_is_down(
+    spark, tmp_path: Path, metrics_endpoint: int
+) -> None:
     """``max_pending_epochs``: while the target refuses commits (a transient error, retried),
     written epochs wait for their commit; at the limit the next micro-batch waits before it
-    writes, instead of staging more; when the target is back, every row lands exactly once."""
+    writes, instead of staging more; when the target is back, every row lands exactly once.
+    The metrics endpoint counts the wait and the retries, by the error's class."""
     from eosink._metastore import MetaStore
 
     down = tmp_path / "target-down"
@@ -759,6 +762,15 @@ def test_backpressure_while_the_target_is_down(spark, tmp_path: Path) -> None:
         assert read_ids(out) == expected
         assert h.committed_epochs() == list(range(6))
         assert staged_files(out) == []
+        got = scrape(metrics_endpoint)
+        me = {"sink_id": sid, "sink_kind": "file_down"}
+        waited = value(got, "eosink_backpressure_time_seconds_total", **me)
+        assert waited is not None and waited >= 3.0, waited  # the 3 s held above, at least
+        refused = value(
+            got, "eosink_commit_retries_total", error_type="ConnectionRefusedError", **me
+        )
+        assert refused is not None and refused >= 1, refused
+        assert value(got, "eosink_epochs_total", epoch_outcome="committed", **me) == 6
     finally:
         if h is not None and h.is_active:
             h.stop()
@@ -777,10 +789,12 @@ def _restart_run(spark, tmp_path: Path, name: str, **run: Any) -> Any:  # type: 
     )
 
 
-def test_a_stream_restarts_after_a_transient_failure(spark, tmp_path: Path) -> None:
+def test_a_stream_restarts_after_a_transient_failure(
+    spark, tmp_path: Path, metrics_endpoint: int
+) -> None:
     """The target resets the connection once in phase 1 of epoch 1: the query fails; the
     handle the user waits on starts it again from its checkpoint (RestartPolicy), and every
-    row lands exactly once."""
+    row lands exactly once. The metrics endpoint counts the restart, with its reason."""
     expected = make_input(tmp_path / "input", files=4, rows=10)
     once = tmp_path / "reset-once"
     once.touch()
@@ -799,6 +813,14 @@ def test_a_stream_restarts_after_a_transient_failure(spark, tmp_path: Path) -> N
     assert read_ids(tmp_path / "out") == expected
     assert h.committed_epochs() == [0, 1, 2, 3]
     assert staged_files(tmp_path / "out") == []
+    got = scrape(metrics_endpoint)
+    restarts = [
+        (dict(labels), v)
+        for (name, labels), v in got.items()
+        if name == "eosink_stream_restarts_total" and ("eosink_sink_id", h.sink_id) in labels
+    ]
+    assert [v for _, v in restarts] == [1.0], restarts
+    assert "ConnectionResetError" in restarts[0][0]["eosink_restart_reason"], restarts
 
 
 @pytest.mark.parametrize("case", ["permanent", "too-often"])

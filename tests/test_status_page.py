@@ -1,7 +1,8 @@
 """``eosink status --html``: the page of a sink whose driver died, opened in a real browser.
 
 The history is real: a driver process (the core's ``SinkRuntime``, the file sink, a SQLite meta
-store) commits eight epochs, persists two more and is SIGKILLed; ``eosink abandon`` gives up
+store) commits eight epochs, persists two more and is SIGKILLed
+(:func:`harness.driver_killed_with_two_pending`); ``eosink abandon`` gives up
 one of them (a recorded loss), the other stays PENDING. The page is opened in Debian's
 Chromium (headless, through Playwright): no script error, no request leaves the file, the
 four charts drawn with their data, the cards and tables say what the store holds, and a
@@ -12,49 +13,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from harness import driver_killed_with_two_pending
 
 CHROMIUM = "/usr/bin/chromium"
 SID = "file:status-page"
-
-DRIVER = textwrap.dedent(
-    """
-    import os, signal, sys, time
-    import pyarrow as pa
-    from eosink._metastore import MetaStore
-    from eosink._protocol import SinkRuntime
-    from eosink.registry import get_sink
-    from eosink.testing import drive_writers
-
-    url, out, sid = sys.argv[1:4]
-    plugin = get_sink("file")
-    options = plugin.parse_options({"path": out, "format": "parquet"})
-    rt = SinkRuntime(plugin, options, sid, MetaStore(url))
-    rt.start()
-    rt.lineage = "0123456789abcdef"
-    schema = pa.schema([("id", pa.int64())])
-    start = 0
-    for epoch in range(10):
-        n = 100 + 40 * epoch
-        batch = pa.record_batch([pa.array(range(start, start + n), pa.int64())], schema)
-        start += n
-        setup = rt.coordinator.writer_setup(schema)
-        results = drive_writers(plugin, options, sid, epoch, [[batch]], setup)
-        c, fig = rt.pre_commit(epoch, results, rows=n, write_s=0.0)
-        if epoch < 8:
-            time.sleep(0.15 * (epoch % 3))  # commits that take longer, some of them
-            rt.commit_epoch(epoch, c, fig)
-        time.sleep(0.1)
-    os.kill(os.getpid(), signal.SIGKILL)  # epochs 8 and 9 PENDING, the driver gone
-    """
-)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -97,10 +65,7 @@ def browser() -> Any:
 def test_status_page_of_a_sink_whose_driver_died(tmp_path: Path, browser: Any) -> None:
     url = f"sqlite:///{tmp_path / 'meta.db'}"
     out = tmp_path / "out"
-    died = subprocess.run(
-        [sys.executable, "-c", DRIVER, url, str(out), SID], capture_output=True, text=True
-    )
-    assert died.returncode == -signal.SIGKILL, died.stderr
+    driver_killed_with_two_pending(url, out, SID)
     _cli(
         "abandon", "--metastore-url", url, "--sink-id", SID, "--epoch", "8",
         "--reason", "staging deleted by a lifecycle rule", "--accept-data-loss",
