@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
+import json
 import logging
 import os
 import platform
@@ -287,6 +288,7 @@ def report(
     took: float,
     runtime: dict[str, Any],
     tables: dict[str, list[str]],
+    charts: list[Path] | None = None,
 ) -> str:
     ratios = sorted(
         (r for r in rows if r.section == "ratios"),
@@ -347,6 +349,7 @@ def report(
         "|---|---|---|---|---|---|",
         *[table_line(r) for r in info],
         "",
+        *charts_section(charts or [], out.parent),
         "## What each row measures",
         "",
         "Each eosink figure names the writer path the sink took (`spark`: the native path, "
@@ -406,6 +409,43 @@ def report(
     text = "\n".join(lines)
     out.write_text(text)
     return text
+
+
+def draw_charts(directory: Path) -> list[Path]:
+    """The run's raw figures into ``directory``/bench-results.json, and its charts."""
+    from ._common import SAMPLES
+    from ._protocol import TARGET_MS
+    from .charts import draw
+
+    results = {**SAMPLES, "protocol_targets_ms": TARGET_MS, "measured": time.time()}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "bench-results.json").write_text(json.dumps(results, indent=1) + "\n")
+    written = draw(results, directory)
+    for p in written:
+        log(f"chart {p}")
+    return written
+
+
+CHART_CAPTIONS = {
+    "bench-throughput.svg": "Every throughput ratio eosink / peer: the median, the range of "
+    "the per-repetition ratios (whiskers) and the target (black tick); green when met",
+    "bench-lag.svg": "Visibility lag of each epoch of a stream at a 1 s trigger, and the "
+    "commit's duration",
+    "bench-protocol.svg": "Protocol cost per epoch over the whole run, p50 and p99 of each "
+    "run of epochs, per meta store, against its target",
+}
+
+
+def charts_section(charts: list[Path], base: Path) -> list[str]:
+    """The report's "Charts" section: each chart of this run, as an image."""
+    if not charts:
+        return []
+    lines = ["## Charts", ""]
+    for p in charts:
+        rel = os.path.relpath(p, base)
+        caption = CHART_CAPTIONS.get(p.name, p.stem)
+        lines += [f"![{caption}]({rel})", "", f"*{caption}.*", ""]
+    return lines
 
 
 def section_lines(
@@ -575,6 +615,11 @@ def main() -> int:
     ap.add_argument("--out", help="the report (default docs/benchmarks.md)")
     ap.add_argument("--keep", action="store_true", help="keep the temp directory")
     ap.add_argument(
+        "--charts",
+        help="draw the run's charts (SVG) and save its raw figures (bench-results.json) in "
+        "this directory (default: img/ beside the report, when one is written)",
+    )
+    ap.add_argument(
         "--splice",
         action="store_true",
         help=f"with --only rolling,s3 or --only kafka: rewrite only the report's "
@@ -665,6 +710,8 @@ def main() -> int:
             rows += sql_rows(data, size.reps, size.files_per_trigger, tmp, log)
         took = time.time() - started
         print_rows(rows)
+        charts_dir = Path(a.charts) if a.charts else (out.parent / "img" if out else None)
+        charts = draw_charts(charts_dir) if charts_dir and not a.splice else []
         if out is not None and a.splice and parts == {"kafka"}:
             splice(out, kafka_section(rows, tables, runtime, a.quick, took, facts))
             log(f"\nsection 'Kafka' written to {out}")
@@ -672,7 +719,7 @@ def main() -> int:
             splice(out, section_lines(rows, tables, data, size, a.quick, took, facts))
             log(f"\nsection {SECTION[3:]!r} written to {out}")
         elif out is not None:
-            report(out, rows, facts, data, size, a.quick, took, runtime, tables)
+            report(out, rows, facts, data, size, a.quick, took, runtime, tables, charts)
             log(f"\nwritten to {out}")
         elif tables.get("rolling"):
             log("")

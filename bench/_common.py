@@ -213,6 +213,26 @@ def interleave(
     return times
 
 
+SAMPLES: dict[str, Any] = {"throughput": [], "lag": {}, "protocol": {}}
+"""The run's raw figures, for the charts (``bench/charts.py``): every throughput row's
+per-repetition times of both sides, the visibility-lag run's per-epoch lags, the protocol
+cost's per-epoch milliseconds binned (p50, p99 and max per bin) by meta store."""
+
+
+def protocol_bins(ms: list[float], bins: int = 200) -> dict[str, list[float]]:
+    """``ms`` (one figure per epoch, in order) cut into ``bins`` runs of epochs: the first
+    epoch of each, its p50, p99 and max."""
+    size = max(1, len(ms) // bins)
+    out: dict[str, list[float]] = {"epoch": [], "p50": [], "p99": [], "max": []}
+    for i in range(0, len(ms), size):
+        part = ms[i : i + size]
+        out["epoch"].append(float(i))
+        out["p50"].append(statistics.median(part))
+        out["p99"].append(pct(part, 0.99))
+        out["max"].append(max(part))
+    return out
+
+
 @dataclass
 class Row:
     """One line of the report."""
@@ -242,6 +262,9 @@ def throughput_row(
     the range of the per-repetition ratios."""
     ratio = med(t_peer) / med(t_eos)
     pairs = sorted(p / e for p, e in zip(t_peer, t_eos, strict=False))
+    SAMPLES["throughput"].append(
+        {"measure": measure, "mb": data.mb, "eosink_s": t_eos, "peer_s": t_peer, "target": target}
+    )
     spread = f" ({pairs[0]:.2f}-{pairs[-1]:.2f})" if len(pairs) > 1 else ""
 
     def fig(ts: list[float], note: str) -> str:

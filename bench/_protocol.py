@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ._common import Row, med, pct
+from ._common import SAMPLES, Row, med, pct, protocol_bins
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_MS = {"SQLite": 5.0, "PostgreSQL": 15.0}
@@ -123,6 +123,7 @@ def protocol_rows(
         for name, url in stores.items():
             log(f"  protocol cost per epoch, {name}, {epochs:,} epochs")
             c = protocol_cost(url, name.lower(), epochs, tmp)
+            SAMPLES["protocol"][name] = protocol_bins(c)
             w = max(1, min(500, epochs // 10))
             first, last = med(c[:w]), med(c[-w:])
             target = TARGET_MS[name]

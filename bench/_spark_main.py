@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ._common import Data, Row, Size, failed_row, interleave, med, throughput_row
+from ._common import SAMPLES, Data, Row, Size, failed_row, interleave, med, throughput_row
 
 MRPB = "spark.sql.execution.arrow.maxRecordsPerBatch"
 MRPB_VALUES = (10_000, 100_000, 1_000_000)  # Spark's default first
@@ -429,6 +429,11 @@ class MainBench:
             return [failed_row("visibility lag / trigger interval", None, "no epoch committed")]
         lag = med([f.visibility_lag_s for f in done])
         commit = med([f.commit_ms for f in done])
+        SAMPLES["lag"] = {
+            "trigger_ms": 1000.0,
+            "lag_ms": [f.visibility_lag_s * 1000 for f in done],
+            "commit_ms": [f.commit_ms for f in done],
+        }
         return [
             Row(
                 f"visibility lag / trigger interval (1 s processingTime trigger, {len(done)} "
