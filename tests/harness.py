@@ -1107,3 +1107,18 @@ def driver_killed_with_two_pending(url: str, out: Path, sid: str) -> None:
         [sys.executable, "-c", _PENDING_DRIVER, url, str(out), sid], capture_output=True, text=True
     )
     assert died.returncode == -signal.SIGKILL, died.stderr
+
+
+def runbook_blocks(page: str, heading: str) -> list[tuple[str, str]]:
+    """The fenced code blocks (language, text) of ``heading``'s section of ``docs/<page>``:
+    what a runbook test runs as written (substituting only its placeholders)."""
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text()
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    section = text[start : end if end > 0 else len(text)]
+    return [
+        (lang, "\n".join(line.strip() for line in body.strip("\n").splitlines()))
+        for lang, body in re.findall(r"```(\w*)\n(.*?)```", section, re.S)
+    ]

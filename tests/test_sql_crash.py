@@ -15,6 +15,7 @@ successive runs (as in test_crash.py).
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,11 @@ from harness import (
     crash_chain,
     epoch_states,
     expected_epochs,
+    kill_session,
     make_cdc_input,
     make_input,
     run_with_random_kills,
+    runbook_blocks,
 )
 
 pytestmark = pytest.mark.crash
@@ -251,4 +254,60 @@ def test_sql_two_drivers_zombie_fenced(tmp_path: Path, target_db: str) -> None:
     code_a, _, log_a, log_b = job.run_overlapping()
     assert code_a != 0 and "fenced by a newer one" in log_a, (log_a[-3000:], log_b[-3000:])
     assert job.run() == 0, job.last_log()
+    _check(job, target_db, _appended(job))
+
+
+def test_runbook_held_transaction(tmp_path: Path, target_db: str) -> None:
+    """docs/cli.md's runbook "a SQL sink's held transaction blocks another writer", as
+    written: a driver stalls (SIGSTOP) right before the commit of epoch 1, its phase-1
+    transaction held open on PostgreSQL; another writer's ``LOCK TABLE`` waits for it. The
+    runbook's ``eosink status`` names the held session, its SQL ends it, the other writer
+    goes on; the stalled job is stopped and run again: every row exactly once."""
+    import shlex
+    import subprocess
+    import sys
+    import time
+
+    [(_, status_cmd), _, (_, end_sql)] = runbook_blocks(
+        "cli.md", "Runbook: a SQL sink's held transaction blocks another writer"
+    )
+    job = sql_job(tmp_path, "stream", target_db)
+    make_input(job.input, files=3, rows=ROWS)
+    stalled = job.spawn("stalled", fault="before_commit@2", stop=True)
+    try:
+        deadline = time.monotonic() + 180
+        while job.fired() != ["before_commit"]:
+            assert stalled.poll() is None and time.monotonic() < deadline, job.last_log()
+            time.sleep(0.1)
+        eng = _engine(target_db)
+
+        def other_writer() -> str:
+            """``LOCK TABLE`` (as ``ALTER TABLE`` or ``TRUNCATE`` would take it), 2 s at most."""
+            try:
+                with eng.begin() as c:
+                    c.execute(sa.text("SET LOCAL lock_timeout = '2s'"))
+                    c.execute(sa.text(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE"))
+                return "locked"
+            except sa.exc.OperationalError as exc:
+                return f"waited: {type(exc.orig).__name__}"
+
+        try:
+            assert other_writer() == "waited: LockNotAvailable"
+            argv = shlex.split(status_cmd.replace("URL", job.metastore).replace("ID", job.sink_id))
+            assert argv[0] == "eosink"
+            out = subprocess.run(
+                [sys.executable, "-m", "eosink._cli", *argv[1:]],
+                capture_output=True, text=True, check=True, timeout=120,
+            ).stdout  # fmt: skip
+            [name] = re.findall(r"application_name '(eosink-hold [0-9a-f]{16} 1)'", out)
+            sql = re.sub(r"'eosink-hold [0-9a-f]{16} \d+'", f"'{name}'", end_sql)
+            assert sql != end_sql and sql.count(name) == 1
+            with eng.begin() as c:
+                assert c.execute(sa.text(sql)).scalars().all() == [True]
+            assert other_writer() == "locked"  # the table is free at once
+        finally:
+            eng.dispose()
+    finally:
+        kill_session(stalled.pid, stalled)  # stop the stalled job
+    assert job.run() == 0, job.last_log()  # and run it again
     _check(job, target_db, _appended(job))
