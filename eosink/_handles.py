@@ -10,9 +10,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import _metrics
+from ._metastore import MetaStore
 from ._protocol import EpochFigures
 from ._restart import NO_RESTART, RestartPolicy, restart_rule, stream_failure_verdict
-from ._stream import StreamBatches, eosink_error_of_stream, finish_stream, wait_committed
+from ._stream import (
+    StreamBatches,
+    committed_figures,
+    eosink_error_of_stream,
+    finish_stream,
+    wait_committed,
+)
 from .errors import EosinkError
 
 if TYPE_CHECKING:
@@ -60,8 +67,9 @@ class StreamingHandle:
     meta store (``eosink status``) and reach the ``eosink_epoch_committed`` hook.
 
     Over Spark Connect the micro-batches run in the server's Python worker: ``figures`` is
-    filled from the meta store when the query ends, and ``stop()`` / ``await_termination()``
-    commit from this client what the server's worker had not committed yet.
+    read from the meta store while the query runs (the epochs committed so far) and when it
+    ends, and ``stop()`` / ``await_termination()`` commit from this client what the server's
+    worker had not committed yet.
 
     A query that fails on a transient error is started again from its checkpoint (the
     ``restart=`` policy of ``eosink.run``) while you wait on the handle: ``await_termination``
@@ -81,7 +89,9 @@ class StreamingHandle:
     epoch_base: int
     _batches: StreamBatches
     _first_epoch: int = 0
-    figures: list[EpochFigures] = field(default_factory=list)
+    _figures: list[EpochFigures] = field(default_factory=list)
+    _read_at: float = 0.0
+    _reader: MetaStore | None = None
     _closed: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock)
     restarts: int = 0
@@ -90,7 +100,26 @@ class StreamingHandle:
     _failures: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.figures = self._batches.figures
+        self._figures = self._batches.figures
+
+    @property
+    def figures(self) -> list[EpochFigures]:
+        """One :class:`EpochFigures` per micro-batch of this run, in order (the newest 1,000).
+
+        Over Spark Connect, while the query runs, read from the meta store (at most once a
+        second): the epochs the server's worker committed so far."""
+        if self.remote and not self._closed and time.monotonic() - self._read_at >= 1.0:
+            self._read_at = time.monotonic()
+            settings = self._batches.settings
+            try:
+                if self._reader is None:
+                    self._reader = MetaStore(
+                        settings.setup.metastore_url, retry_s=settings.setup.metastore_retry_s
+                    )
+                self._figures[:] = committed_figures(self._reader, settings, self._first_epoch)
+            except Exception as exc:  # the figures are a view: never break the caller's loop
+                log.warning("sink %s: cannot read its figures: %s", self.sink_id, exc)
+        return self._figures
 
     @property
     def remote(self) -> bool:
@@ -120,8 +149,11 @@ class StreamingHandle:
             self._closed = True
         live = self._batches.live
         if live is None:  # Spark Connect: the server's worker is gone with the query
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
             figures = finish_stream(self._batches.settings, self._first_epoch)
-            self.figures[:] = figures
+            self._figures[:] = figures
             return
         if live.roller is not None:
             live.roller.stop()

@@ -318,23 +318,32 @@ def finish_stream(settings: StreamSettings, first_epoch: int) -> list[EpochFigur
         first = settings.epoch_base + (0 if last is None else last + 1)
         rt.recover(first_epoch=sys.maxsize if settings.inline else first)
         rt.roll(everything=True)
-        return [
-            EpochFigures(
-                r.epoch,
-                rows=r.rows,
-                files=r.files,
-                bytes=r.bytes,
-                pre_commit_ms=r.pre_commit_ms or 0.0,
-                commit_ms=r.commit_ms or 0.0,
-                batch_end_at=r.batch_end_at or 0.0,
-                committed_at=r.committed_at or 0.0,
-            )
-            for r in sorted(rt.store.epochs(rt.sink_id, (COMMITTED,)), key=lambda r: r.epoch)
-            if r.origin == settings.lineage and r.epoch >= first_epoch
-        ]
+        return committed_figures(rt.store, settings, first_epoch)
     finally:
         rt.close()
         rt.store.close()
+
+
+def committed_figures(
+    store: MetaStore, settings: StreamSettings, first_epoch: int
+) -> list[EpochFigures]:
+    """The figures of the stream's COMMITTED epochs from ``first_epoch`` on (a run's), read
+    from the meta store: what a Spark Connect client knows of the micro-batches its server's
+    worker ran (no ``write_s``, ``persist_ms`` or ``writer``)."""
+    return [
+        EpochFigures(
+            r.epoch,
+            rows=r.rows,
+            files=r.files,
+            bytes=r.bytes,
+            pre_commit_ms=r.pre_commit_ms or 0.0,
+            commit_ms=r.commit_ms or 0.0,
+            batch_end_at=r.batch_end_at or 0.0,
+            committed_at=r.committed_at or 0.0,
+        )
+        for r in sorted(store.epochs(settings.setup.sink_id, (COMMITTED,)), key=lambda r: r.epoch)
+        if r.origin == settings.lineage and r.epoch >= first_epoch
+    ][-1000:]
 
 
 def eosink_error_of_stream(exc: BaseException) -> EosinkError | None:

@@ -22,8 +22,10 @@ A step (JSON object)::
     trigger     stream: eosink.run's trigger (a dict); format: DataStreamWriter.trigger's
                 keyword arguments (default {"availableNow": true})
     end         stream: "await" (await_termination / awaitTermination), {"run_s": N} (run N
-                seconds, then stop), or "forever" (sleep until the client is killed,
-                whatever happens to the query)
+                seconds, then stop), {"until_committed": N} (eosink.run: run until the
+                handle's ``committed_epochs()`` holds N epochs while the query runs, 180 s at
+                most, then stop; the result's ``committed_while_running`` is what it held),
+                or "forever" (sleep until the client is killed, whatever happens to the query)
     register    format: "eosink" (eosink.register_datasource(spark), default), "spark"
                 (spark.dataSource.register(EosinkDataSource)) or "none" (nothing is
                 registered: Spark's own lookup of installed data sources finds it)
@@ -115,10 +117,25 @@ def _as_option(v: Any) -> str:
     return json.dumps(v) if isinstance(v, (list, dict)) else str(v)
 
 
-def _end_query(step: dict[str, Any], stop: Any, await_: Any, active: Any) -> None:
+def _end_query(
+    step: dict[str, Any], stop: Any, await_: Any, active: Any, committed: Any = None
+) -> list[int]:
+    """End the query as the step says; returns the committed epochs seen while it ran
+    (``until_committed``), else []."""
     end = step.get("end", "await")
     if end == "await":
         await_()
+    elif isinstance(end, dict) and "until_committed" in end:
+        print("RUNNING", flush=True)
+        deadline = time.monotonic() + 180
+        seen: list[int] = []
+        while time.monotonic() < deadline and active():
+            seen = list(committed())
+            if len(seen) >= int(end["until_committed"]):
+                break
+            time.sleep(0.2)
+        stop()
+        return seen
     elif end == "forever":  # until the test kills this client; never reacts to the query
         print("RUNNING", flush=True)
         while True:
@@ -129,6 +146,7 @@ def _end_query(step: dict[str, Any], stop: Any, await_: Any, active: Any) -> Non
         while time.monotonic() < deadline and active():
             time.sleep(0.2)
         stop()
+    return []
 
 
 Finish = Callable[[], dict[str, Any]]
@@ -164,8 +182,11 @@ def run_step(spark: Any, step: dict[str, Any]) -> Finish:
         print(f"STARTED {h.id} t={time.monotonic() - T0:.1f}", flush=True)
 
         def finish_run() -> dict[str, Any]:
-            _end_query(step, h.stop, h.await_termination, lambda: h.is_active)
+            seen = _end_query(
+                step, h.stop, h.await_termination, lambda: h.is_active, h.committed_epochs
+            )
             return {
+                "committed_while_running": seen,
                 "query_id": h.id,
                 "figures": [f.as_dict() for f in h.figures],
                 "committed_epochs": list(h.committed_epochs()),

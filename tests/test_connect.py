@@ -154,6 +154,21 @@ def test_sink_over_connect(
             raise AssertionError(f"{key}: {exc}\n{client}") from exc
 
 
+def test_a_streams_figures_while_it_runs(server: ConnectServer, tmp_path: Path) -> None:
+    """Over Spark Connect the micro-batches run in the server's worker; the client's handle
+    reads their figures from the meta store while the query runs: ``committed_epochs()``
+    (from ``figures``) shows an epoch the server committed before the query is stopped."""
+    job = make_job(server, tmp_path / "job", "file", "stream", "run")
+    expected = make_input(job.input, files=3, rows=ROWS)
+    step = job.step(trigger={"processingTime": "1 second"}, end={"until_committed": 1})
+    client = run_client(server.url, [step], tmp_path / "client.log")
+    assert client.code == 0 and not client.errors, client
+    result = client.result(0)
+    assert result is not None and result["committed_while_running"][:1] == [0], client
+    # stop() committed what the server's worker had checkpointed; the rest on the next run.
+    check_output(job, expected[: ROWS * len(result["committed_epochs"])], per_epoch=ROWS)
+
+
 @pytest.mark.crash
 def test_a_stream_restarts_after_its_server_worker_died(
     connect_server: ConnectServer, tmp_path: Path
