@@ -79,8 +79,6 @@ class StreamingHandle:
         query: the Spark ``StreamingQuery`` (the newest, after restarts).
         sink_id: the sink.
         epoch_base: epoch = ``epoch_base`` + Spark's batchId for this checkpoint.
-        figures: one :class:`EpochFigures` per micro-batch of this run, in order (the newest
-            1,000).
         restarts: how many times the query was started again after a transient failure.
     """
 
@@ -139,7 +137,7 @@ class StreamingHandle:
 
     def committed_epochs(self) -> list[int]:
         """The epochs this handle's micro-batches wrote that are committed so far, in order
-        (among the newest 1,000 micro-batches: :attr:`figures`)."""
+        (among the newest 1,000 micro-batches: ``figures``)."""
         return [f.epoch for f in self.figures if f.committed_at]
 
     def _finish(self) -> None:
