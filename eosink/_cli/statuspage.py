@@ -169,21 +169,14 @@ def sink_page(s: dict[str, Any], store: str, now: float | None = None) -> str:
         _dates(ax, xs)
 
     def rows(ax: Any) -> None:
-        ax.bar([r["epoch"] for r in commits], [r["rows"] for r in commits], color="#0969da")
-        if pending:
-            ax.bar(
-                [p["epoch"] for p in pending],
-                [p["rows"] for p in pending],
-                color="#bf8700",
-                label="PENDING",
-            )
-        if losses:
-            ax.bar(
-                [x["epoch"] for x in losses],
-                [x["rows"] for x in losses],
-                color="#cf222e",
-                label="lost (abandoned)",
-            )
+        for group, color, label in (
+            (commits, "#0969da", None),
+            (pending, "#bf8700", "PENDING"),
+            (losses, "#cf222e", "lost (abandoned)"),
+        ):
+            if group:
+                ax.bar([g["epoch"] for g in group], [g["rows"] for g in group], color=color,
+                       label=label)  # fmt: skip
         ax.set_xlabel("epoch")
         ax.set_ylabel("rows")
 
