@@ -111,9 +111,8 @@ class StreamingHandle:
             settings = self._batches.settings
             try:
                 if self._reader is None:
-                    self._reader = MetaStore(
-                        settings.setup.metastore_url, retry_s=settings.setup.metastore_retry_s
-                    )
+                    # A view: an unreachable store is logged at once, never waited for.
+                    self._reader = MetaStore(settings.setup.metastore_url, retry_s=0)
                 self._figures[:] = committed_figures(self._reader, settings, self._first_epoch)
             except Exception as exc:  # the figures are a view: never break the caller's loop
                 log.warning("sink %s: cannot read its figures: %s", self.sink_id, exc)
