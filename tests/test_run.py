@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -712,7 +713,7 @@ def _file_sink_with(name: str, **methods: Callable[..., Any]) -> Iterator[None]:
 
 
 def test_backpressure_while_the_target_is_down(
-    spark, tmp_path: Path, metrics_endpoint: int
+    spark, tmp_path: Path, metrics_endpoint: int, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``max_pending_epochs``: while the target refuses commits (a transient error, retried),
     written epochs wait for their commit; at the limit the next micro-batch waits before it
@@ -756,8 +757,13 @@ def test_backpressure_while_the_target_is_down(
                 assert written() == [0, 1], written()
                 time.sleep(0.1)
             assert {r.status for r in store.epochs(sid)} == {"PENDING"}
+            said = "waits for a commit before writing"
+            waits = [r.created for r in caplog.records if said in r.message]
+            assert len(waits) == 1, caplog.text  # micro-batch 2 waits, said once
+            back_at = time.time()
             down.unlink()  # the target is back
             h.process_all_available()
+            unblocked_at = time.time()
             h.stop()
         assert read_ids(out) == expected
         assert h.committed_epochs() == list(range(6))
@@ -765,7 +771,17 @@ def test_backpressure_while_the_target_is_down(
         got = scrape(metrics_endpoint)
         me = {"sink_id": sid, "sink_kind": "file_down"}
         waited = value(got, "eosink_backpressure_time_seconds_total", **me)
-        assert waited is not None and waited >= 3.0, waited  # the 3 s held above, at least
+        # micro-batch 2 waited from the moment it said so until epoch 0 committed, which was
+        # not before the target came back nor before the end of the last retry's delay (the
+        # wait starts a moment after the hold above began: it cannot be held to the 3 s)
+        retried = [
+            r.created + float(m.group(1))
+            for r in caplog.records
+            if (m := re.search(r"commit failed .* retrying in ([0-9.]+)s", r.message))
+        ]
+        committed_at = max([back_at, *retried])
+        assert waited is not None and waited >= committed_at - waits[0] - 0.01, (waited, waits)
+        assert waited <= unblocked_at - waits[0], (waited, waits)
         refused = value(
             got, "eosink_commit_retries_total", error_type="ConnectionRefusedError", **me
         )
