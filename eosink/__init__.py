@@ -50,18 +50,17 @@ from .sink import (
 )
 
 if TYPE_CHECKING:
-    from ._datasource import register as register_datasource
     from ._handles import BatchResult, StreamingHandle
     from ._protocol import EpochFigures
     from ._restart import RestartPolicy
     from ._run import run
-    from ._session import spark_session
+    from ._session import register_datasource, spark_session
 
 # The driver-side API is imported on first use: Spark's Python workers import eosink to
 # unpickle a writer, and need neither pyspark's data source API nor the meta store
 # (SQLAlchemy, Alembic), about a second of imports per worker.
 _LAZY = {
-    "register_datasource": ("._datasource", "register"),
+    "register_datasource": ("._session", "register_datasource"),
     "EpochFigures": ("._protocol", "EpochFigures"),
     "BatchResult": ("._handles", "BatchResult"),
     "StreamingHandle": ("._handles", "StreamingHandle"),

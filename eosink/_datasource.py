@@ -48,6 +48,7 @@ from ._protocol import Epoch, SinkRuntime
 from ._rules import WRITE
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._spark_errors import _install_error_conversion
+from ._spark_version import register_data_source
 from ._staging import is_connect
 from ._tasks import TaskSink, run_writer
 from .errors import ConfigError, EosinkError
@@ -356,7 +357,7 @@ def register(spark: Any) -> None:
     driver (see the module's docstring).
     """
     default_logging()
-    spark.dataSource.register(EosinkDataSource)
+    register_data_source(spark, EosinkDataSource)
     _install_error_conversion(connect=is_connect(spark))
     if is_connect(spark):
         _absolute_paths_on_client(spark)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from . import _spark_version
 from ._metastore import eosink_home
 from .errors import ConfigError, EosinkError
 
@@ -227,9 +228,7 @@ def spark_session(
             os.environ.pop("LOG4J_CONFIGURATION_FILE", None)
     if (explicit and own) or not (own or config):
         spark.sparkContext.setLogLevel(level)
-    from ._datasource import register
-
-    register(spark)
+    prepare_session(spark)
     return spark
 
 
@@ -262,10 +261,37 @@ def _connect_session(
     for k, v in conf.items():
         b = b.config(k.replace("__", "."), v)
     spark = b.getOrCreate()
-    from ._datasource import register
-
-    register(spark)
+    prepare_session(spark)
     return spark
+
+
+def register_datasource(spark: SparkSession) -> None:
+    """Register ``format("eosink")`` with a SparkSession (:func:`spark_session` does it).
+
+    Also makes the errors of ``format("eosink")`` come out as eosink's own errors on this
+    driver. Raises :class:`~eosink.ConfigError` on pyspark 3.5, which has no Python data
+    sources (write with :func:`eosink.run` there).
+    """
+    _spark_version.require_python_data_sources()
+    prepare_session(spark)
+
+
+def prepare_session(spark: SparkSession) -> None:
+    """What eosink does to a session it starts or is given: eosink's errors come out of
+    Spark's as themselves, and ``format("eosink")`` is registered where Spark has Python
+    data sources (Spark 4; on 3.5 a ``format("eosink")`` write fails with the error of
+    :func:`~eosink._spark_version.format_eosink_unsupported`)."""
+    if _spark_version.PYTHON_DATA_SOURCES:
+        from ._datasource import register
+
+        register(spark)
+        return
+    from ._logs import default_logging
+    from ._spark_errors import _install_error_conversion
+    from ._staging import is_connect
+
+    default_logging()
+    _install_error_conversion(connect=is_connect(spark))
 
 
 def arrow_schema(df: DataFrame) -> pa.Schema:

@@ -31,7 +31,7 @@ import re
 import sys
 from typing import Any
 
-from . import errors
+from . import _spark_version, errors
 from .errors import EosinkError
 
 log = logging.getLogger("eosink")
@@ -109,7 +109,9 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
     """
     if isinstance(exc, EosinkError):
         return exc
-    condition = exc.getCondition() if hasattr(exc, "getCondition") else None
+    if not _spark_version.PYTHON_DATA_SOURCES and _NO_EOSINK_SOURCE.search(str(exc)):
+        return _spark_version.format_eosink_unsupported()  # Spark 3.5: no Python sources
+    condition = _spark_version.condition(exc)
     if condition not in ("PYTHON_DATA_SOURCE_ERROR", "STREAM_FAILED", "PYTHON_EXCEPTION"):
         return None
     params = exc.getMessageParameters() or {}
@@ -136,6 +138,8 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
     return err
 
 
+# Spark's error of a format it does not know (on 3.5 an UnknownException: no condition).
+_NO_EOSINK_SOURCE = re.compile(r"DATA_SOURCE_NOT_FOUND\]? Failed to find the data source: eosink\b")
 # The plan Spark shows in a failed stream's message, when its sink is format("eosink").
 _EOSINK_STREAM = re.compile(r"^WriteToMicroBatchDataSource(?:V1)? eosink\b", re.M)
 
@@ -147,7 +151,7 @@ def _without_sqlstate(text: str) -> str:
 def _python_task_error(exc: Any) -> bool:
     """Whether a converted Spark error is a Python error raised in a task (a Python UDF's,
     or a writer's), whose own line Spark puts under its traceback."""
-    condition = exc.getCondition() if hasattr(exc, "getCondition") else None
+    condition = _spark_version.condition(exc)
     return condition == "PYTHON_EXCEPTION" and not isinstance(exc, EosinkError)
 
 

@@ -1,0 +1,94 @@
+"""The Spark lines eosink runs on, and what differs between them: one place.
+
+eosink supports pyspark 3.5 (the LTS line of EMR 7, Glue 5, Dataproc 2.2, Databricks 15.4)
+and every 4.x line. What differs, decided here by the running pyspark's version (never by
+``try/except ImportError`` elsewhere):
+
+* ``format("eosink")`` is a Python data source (``pyspark.sql.datasource``), an API Spark 4
+  added: on 3.5 it does not exist, and :func:`require_python_data_sources` raises a
+  :class:`~eosink.ConfigError` that names the version and the alternative
+  (:func:`eosink.run`, the same sinks with the same guarantees).
+* Spark 4 looks up installed ``pyspark_*`` data source modules by itself; 3.5 does not.
+* Spark 4.0 refuses to register a data source name twice (``DATA_SOURCE_ALREADY_EXISTS``)
+  and its lookup of installed ``pyspark_*`` modules may have registered ``eosink`` already;
+  later lines replace it (:func:`register_data_source`).
+* An error's condition is ``getCondition()`` on 4.x, ``getErrorClass()`` on 3.5
+  (:func:`condition`).
+
+The other seams (the checkpoint's logs, the JVM gateway, error conversion) read the same on
+3.5 and 4.x so far; a difference found later is added here.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import pyspark
+
+from .errors import ConfigError
+
+log = logging.getLogger("eosink")
+
+__all__ = [
+    "PYSPARK",
+    "PYTHON_DATA_SOURCES",
+    "condition",
+    "format_eosink_unsupported",
+    "register_data_source",
+    "require_python_data_sources",
+]
+
+
+def _line(version: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:  # pragma: no cover - pyspark always has a numbered version
+        raise ConfigError(f"pyspark version {version!r} cannot be read")
+    return int(m.group(1)), int(m.group(2))
+
+
+PYSPARK = _line(pyspark.__version__)
+"""The running pyspark's line, e.g. ``(3, 5)``."""
+
+PYTHON_DATA_SOURCES = PYSPARK >= (4, 0)
+"""Whether Spark's Python data source API exists, which ``format("eosink")`` is."""
+
+
+def format_eosink_unsupported() -> ConfigError:
+    """The error of ``format("eosink")`` on a Spark without Python data sources."""
+    return ConfigError(
+        f'format("eosink") is a Python data source, an API Spark 4.0 added; this is pyspark '
+        f"{pyspark.__version__}. Write with eosink.run(df, sink=..., ...) instead (the same "
+        "sinks, batch and streaming, with the same exactly-once guarantees), or upgrade to "
+        "pyspark>=4.0"
+    )
+
+
+def require_python_data_sources() -> None:
+    """Raise :func:`format_eosink_unsupported` on a Spark without Python data sources."""
+    if not PYTHON_DATA_SOURCES:
+        raise format_eosink_unsupported()
+
+
+def condition(exc: object) -> str | None:
+    """A pyspark exception's error condition (``getCondition`` on Spark 4, ``getErrorClass``
+    on 3.5); None for other exceptions."""
+    for name in ("getCondition", "getErrorClass"):
+        get = getattr(exc, name, None)
+        if get is not None:
+            value = get()
+            return str(value) if value is not None else None
+    return None
+
+
+def register_data_source(spark: Any, source: type) -> None:
+    """``spark.dataSource.register(source)``; on Spark 4.0, where a name registers once,
+    the name being registered already (by Spark's lookup of the installed ``pyspark_eosink``
+    module, which is eosink's own data source) is not an error."""
+    try:
+        spark.dataSource.register(source)
+    except Exception as exc:
+        if condition(exc) != "DATA_SOURCE_ALREADY_EXISTS":
+            raise
+        log.debug("data source %s was registered already (pyspark %s)", source, PYSPARK)
