@@ -2,27 +2,25 @@
 
 Iceberg publishes its Spark runtime for the Spark versions it supports, which the project's
 pyspark is not; that row runs both of its sides in a separate virtual environment with
-pyspark 4.0 (eosink installed from this checkout, editable; pyarrow, pyiceberg at the main
-environment's versions) and the ``iceberg-spark-runtime-4.0_2.13`` jar from Maven Central,
-its sha1 checked. Both are cached under ``~/.cache/eosink-bench/`` (``EOSINK_BENCH_CACHE``),
-rebuilt only when what they are made of changes.
+pyspark 4.0 (``bench/_pylines.py``: eosink installed from this checkout, editable, every
+other package at the main environment's version) and the ``iceberg-spark-runtime-4.0_2.13``
+jar from Maven Central, its sha1 checked. Both are cached under ``~/.cache/eosink-bench/``
+(``EOSINK_BENCH_CACHE``), rebuilt only when what they are made of changes.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata as md
 import json
-import os
 import shutil
 import subprocess
-import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from . import _pylines
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,24 +32,7 @@ MAVEN = "https://repo1.maven.org/maven2"
 
 
 def cache_root() -> Path:
-    root = os.environ.get("EOSINK_BENCH_CACHE")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "eosink-bench"
-
-
-def _requirements() -> list[str]:
-    """pyspark 4.0 with the main environment's pyarrow and pyiceberg (same writers)."""
-    reqs = [f"pyspark=={PYSPARK}"]
-    for dist, spec in (
-        ("pyarrow", "pyarrow"),
-        ("pyiceberg", "pyiceberg[sql-sqlite]"),
-        ("pyiceberg-core", "pyiceberg-core"),
-        ("pandas", "pandas"),
-    ):
-        try:
-            reqs.append(f"{spec}=={md.version(dist)}")
-        except md.PackageNotFoundError:
-            reqs.append(spec)
-    return reqs
+    return _pylines.cache_root()
 
 
 def jar(log: Callable[[str], None]) -> Path:
@@ -75,49 +56,14 @@ def jar(log: Callable[[str], None]) -> Path:
 
 
 def venv(log: Callable[[str], None]) -> Path:
-    """The environment's Python: a ``uv venv`` with pyspark 4.0 and eosink (editable)."""
-    uv = shutil.which("uv") or os.environ.get("UV")  # `uv run` names itself in UV
-    if uv is None:
-        raise RuntimeError("`uv` is not on the PATH (it builds the pyspark 4.0 environment)")
-    reqs = _requirements()
-    # eosink's own dependencies come from its pyproject.toml: a change there rebuilds.
-    pyproject = hashlib.sha1((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    spec = {
-        "python": sys.version.split()[0],
-        "reqs": reqs,
-        "eosink": str(ROOT),
-        "pyproject": pyproject,
-    }
-    key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    d = cache_root() / f"venv-pyspark{PYSPARK}-{key}"
-    py = d / "bin" / "python"
-    if (d / ".complete").exists() and py.exists():
-        return py
-    log(f"  building {d} ({', '.join(reqs)}, eosink from {ROOT})")
-    for old in cache_root().glob("venv-pyspark*"):  # one environment at a time
-        shutil.rmtree(old, ignore_errors=True)
-    t0 = time.perf_counter()
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    subprocess.run([uv, "venv", "-q", "--python", base, str(d)], check=True)
-    subprocess.run(
-        [uv, "pip", "install", "-q", "--python", str(py), *reqs, "-e", str(ROOT)],
-        check=True,
-    )
-    (d / ".complete").write_text(json.dumps(spec, indent=1))
-    log(f"  built in {time.perf_counter() - t0:.0f} s")
-    return py
+    """The environment's Python: pyspark 4.0 with eosink (editable) and pyiceberg, every other
+    package at the main environment's version (``bench/_pylines.py``)."""
+    return _pylines.venv(PYSPARK, log)
 
 
 def child_env(py: Path) -> dict[str, str]:
-    """The environment of a program run with the pyspark 4.0 environment's Python ``py``:
-    this process's, without what would point it at the main environment's Spark."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_SUBMIT_ARGS")
-    }
-    env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py), PYTHONUNBUFFERED="1")
-    return env
+    """The environment of a program run with the pyspark 4.0 environment's Python ``py``."""
+    return _pylines.child_env(py)
 
 
 def run_iceberg_runtime(

@@ -283,13 +283,17 @@ class Job:
         mode: str,
         metastore: str,
         sink_options: dict[str, Any] | None = None,
+        python: Path | None = None,
         **extra: str,
     ) -> None:
         """``extra``: more options of tests/crashjob.py (``partition_by="grp"`` gives
         ``--partition-by grp``). ``sink_options``: options of the sink merged over the ones
         the job builds (``--sink-options`` as JSON); ``{"path": "s3://bucket/prefix", ...}``
-        makes a file sink write there instead of ``tmp/out`` (see :attr:`target`)."""
+        makes a file sink write there instead of ``tmp/out`` (see :attr:`target`).
+        ``python``: the driver's (and its executors') interpreter, another Spark line's
+        environment (``bench/_pylines.py``); default this one's."""
         self.tmp = tmp
+        self.python = python
         self.mode = mode
         self.input = tmp / "input"
         self.out = tmp / "out"
@@ -320,7 +324,7 @@ class Job:
 
             extra["jars"] = spark_kafka_conf()["spark.jars"]
         args = [
-            sys.executable,
+            str(self.python or sys.executable),
             str(TESTS / "crashjob.py"),
             "--mode",
             self.mode,
@@ -416,6 +420,11 @@ class Job:
 
     def _env(self, fault: str | None) -> dict[str, str]:
         env = dict(os.environ)
+        if self.python is not None:  # another Spark line: nothing of this one's Spark
+            from bench._pylines import child_env
+
+            env = child_env(self.python)
+            env.pop("EOSINK_TEST_CDS", None)  # the archive is of this line's jars
         env.pop("EOSINK_FAULT", None)
         # Short-lived drivers start faster with the C1 JIT only, and with Spark's classes
         # from a class-data-sharing archive once conftest has built it (tests/jvm.py).

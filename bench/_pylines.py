@@ -1,0 +1,116 @@
+"""A virtual environment per Spark line: pyspark at a given version, everything else as in
+the main environment.
+
+The benchmarks' pyspark 4.0 rows (``bench/_py40.py``) and the tests' compatibility profile
+(``tests/test_spark_lines.py``: pyspark 3.5 and the oldest 4.x) run eosink, installed from
+this checkout (editable), under another pyspark. Each environment is a ``uv venv`` whose other
+packages are pinned to the main environment's versions (a constraints file of its
+distributions), so that only Spark differs. They are cached under
+``~/.cache/eosink-bench/`` (``EOSINK_BENCH_CACHE``) and rebuilt only when what they are made
+of changes (the pyspark version, the main environment's packages, eosink's pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What another pyspark brings its own version of, and this checkout's editable packages.
+_NOT_PINNED = {"pyspark", "py4j", "eosink", "eosink-example"}
+
+
+def cache_root() -> Path:
+    root = os.environ.get("EOSINK_BENCH_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "eosink-bench"
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _constraints() -> list[str]:
+    """``name==version`` of every distribution of the main environment but pyspark's own
+    and this checkout's."""
+    seen: dict[str, str] = {}
+    for dist in md.distributions():
+        name = dist.metadata["Name"]
+        if name and _norm(name) not in _NOT_PINNED:
+            seen.setdefault(_norm(name), f"{name}=={dist.version}")
+    return sorted(seen.values())
+
+
+REQS = ("pyiceberg[sql-sqlite]", "pyiceberg-core", "pandas")
+"""What every line's environment has besides pyspark and eosink: one environment per
+version serves the benchmarks and the tests alike."""
+
+
+def venv(pyspark: str, log: Callable[[str], None]) -> Path:
+    """The Python of an environment with ``pyspark==<pyspark>``, eosink from this checkout
+    (editable) and :data:`REQS`, every other package at the main environment's version;
+    built once, then cached. Safe to call from several processes at once (a lock file per
+    version: pytest's workers)."""
+    import fcntl
+
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".venv-pyspark{pyspark}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _venv(pyspark, log, REQS)
+
+
+def _venv(pyspark: str, log: Callable[[str], None], reqs: Sequence[str]) -> Path:
+    uv = shutil.which("uv") or os.environ.get("UV")  # `uv run` names itself in UV
+    if uv is None:
+        raise RuntimeError(f"`uv` is not on the PATH (it builds the pyspark {pyspark} environment)")
+    constraints = _constraints()
+    wanted = [f"pyspark=={pyspark}", *reqs]
+    spec = {
+        "python": sys.version.split()[0],
+        "wanted": wanted,
+        "constraints": constraints,
+        "eosink": str(ROOT),
+        "pyproject": hashlib.sha1((ROOT / "pyproject.toml").read_bytes()).hexdigest(),
+    }
+    key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    d = cache_root() / f"venv-pyspark{pyspark}-{key}"
+    py = d / "bin" / "python"
+    if (d / ".complete").exists() and py.exists():
+        return py
+    log(f"  building {d} ({', '.join(wanted)}, eosink from {ROOT})")
+    for old in cache_root().glob(f"venv-pyspark{pyspark}-*"):  # one per version
+        shutil.rmtree(old, ignore_errors=True)
+    t0 = time.perf_counter()
+    d.parent.mkdir(parents=True, exist_ok=True)
+    pins = d.parent / f".{d.name}.constraints.txt"
+    pins.write_text("\n".join(constraints) + "\n")
+    base = getattr(sys, "_base_executable", None) or sys.executable
+    subprocess.run([uv, "venv", "-q", "--python", base, str(d)], check=True)
+    install = [uv, "pip", "install", "-q", "--python", str(py), "-c", str(pins)]
+    subprocess.run([*install, *wanted, "-e", str(ROOT)], check=True)
+    pins.unlink()
+    (d / ".complete").write_text(json.dumps(spec, indent=1))
+    log(f"  built in {time.perf_counter() - t0:.0f} s")
+    return py
+
+
+def child_env(py: Path) -> dict[str, str]:
+    """The environment of a program run with another line's Python ``py``: this process's,
+    without what would point it at the main environment's Spark."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_SUBMIT_ARGS")
+    }
+    env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py), PYTHONUNBUFFERED="1")
+    return env

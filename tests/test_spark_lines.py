@@ -1,0 +1,108 @@
+"""The compatibility profile: eosink under the other Spark lines it supports.
+
+The suite runs on the lock's pyspark (4.3). Here the same checkout runs under pyspark 3.5
+(the LTS line of EMR 7, Glue 5, Dataproc 2.2, Databricks 15.4) and the oldest 4.x line, each
+in its own cached environment (``bench/_pylines.py``: only pyspark differs from the main
+environment): the demo end to end (a batch, its re-run skipped, a stream, read back row by
+row), a stream whose driver is SIGKILLed at the protocol's points, each restart on a new
+machine (new HOME, TMPDIR and working directory: only the checkpoint and the target
+survive), and on 3.5 the error that ``format("eosink")`` gives where Spark has no Python
+data sources.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from functools import cache
+from pathlib import Path
+
+import pytest
+from harness import Job, make_input
+from test_driver_moves import check_files, moving_chain
+
+from bench import _pylines
+
+pytestmark = pytest.mark.crash
+
+LINES = ["3.5.9", "4.0.5"]
+"""pyspark 3.5 and the oldest 4.x line supported."""
+
+
+@cache
+def python_of(pyspark: str) -> Path:
+    return _pylines.venv(pyspark, lambda msg: print(msg, file=sys.stderr))
+
+
+def _run(py: Path, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = _pylines.child_env(py)
+    env.update(TMPDIR=str(tmp_path), HOME=str(tmp_path / "home"))
+    env.pop("EOSINK_HOME", None)
+    cmd = argv if argv[0].endswith("eosink") else [str(py), *argv]
+    return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("pyspark", LINES)
+def test_the_demo(tmp_path: Path, pyspark: str) -> None:
+    """The README's demo under that line: a batch, its re-run skipped, a stream; every row
+    read back exactly once, nothing staged left."""
+    py = python_of(pyspark)
+    done = _run(py, [str(py.parent / "eosink"), "demo"], tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout + done.stderr
+    assert f"Spark {pyspark} started" in out, out[-2000:]
+    assert "batch re-run of epoch 1: skipped=True" in out, out[-2000:]
+    assert "OK: every row landed exactly once" in out, out[-2000:]
+
+
+@pytest.mark.parametrize("pyspark", LINES)
+def test_a_stream_killed_and_moved(tmp_path: Path, pyspark: str) -> None:
+    """An ``eosink.run`` stream (file sink, partitioned, Python writers: the demo runs
+    Spark's own) killed at the points between PENDING and COMMITTED, each restart on a new
+    machine with its own default meta store: it finishes every checkpointed epoch from its
+    journal; exact."""
+    py = python_of(pyspark)
+    job = Job(tmp_path, "stream", "default", python=py, partition_by="grp", writer="python")
+    faults = ["after_persist@2", "before_commit@1", "mid_commit@1", "after_commit@1"]
+    expected = make_input(job.input, files=len(faults) + 3)
+    moving_chain(job, faults)
+    check_files(job, expected, partitioned=True)
+
+
+_FORMAT_ON_35 = textwrap.dedent(
+    """
+    import sys
+    import eosink
+
+    spark = eosink.spark_session(master="local[1]")
+    df = spark.range(3)
+    for name, call in (
+        ("write", lambda: df.write.format("eosink").option("sink", "file")
+            .option("path", sys.argv[1]).save()),
+        ("register", lambda: eosink.register_datasource(spark)),
+    ):
+        try:
+            call()
+        except eosink.ConfigError as exc:
+            print(f"{name}: {exc}")
+        else:
+            print(f"{name}: no error")
+    """
+)
+
+
+def test_format_eosink_on_3_5_says_what_to_do(tmp_path: Path) -> None:
+    """Spark 3.5 has no Python data sources: ``format("eosink")`` fails with eosink's
+    ConfigError naming the version and the alternative, for a write and for an explicit
+    ``register_datasource``; nothing is written."""
+    out = tmp_path / "out"
+    done = _run(python_of("3.5.9"), ["-c", _FORMAT_ON_35, str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
+    for name in ("write", "register"):
+        said = lines.get(name, "")
+        assert 'format("eosink") is a Python data source' in said, done.stdout
+        assert "this is pyspark 3.5.9" in said and "eosink.run(df, sink=" in said, said
+        assert said.endswith("(see docs/errors.md#configerror)"), said
+    assert not out.exists()
