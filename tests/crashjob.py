@@ -128,6 +128,7 @@ def main() -> int:
             break
         time.sleep(0.2)
     print(f"EXECUTORS {executors}", flush=True)
+    print(f"SPARK {spark.version}", flush=True)
     schema = SCHEMA
     # "default": eosink's own default meta store ($EOSINK_HOME, else ~/.eosink: the machine's)
     opts: dict[str, object] = {} if a.metastore == "default" else {"metastore_url": a.metastore}

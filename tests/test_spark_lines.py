@@ -67,6 +67,7 @@ def test_a_stream_killed_and_moved(tmp_path: Path, pyspark: str) -> None:
     faults = ["after_persist@2", "before_commit@1", "mid_commit@1", "after_commit@1"]
     expected = make_input(job.input, files=len(faults) + 3)
     moving_chain(job, faults)
+    assert all(f"SPARK {pyspark}" in log for log in job.logs), job.last_log()
     check_files(job, expected, partitioned=True)
 
 
@@ -106,3 +107,19 @@ def test_format_eosink_on_3_5_says_what_to_do(tmp_path: Path) -> None:
         assert "this is pyspark 3.5.9" in said and "eosink.run(df, sink=" in said, said
         assert said.endswith("(see docs/errors.md#configerror)"), said
     assert not out.exists()
+
+
+def test_a_stream_upgraded_from_3_5_to_this_line(tmp_path: Path) -> None:
+    """A user's upgrade: a stream runs on pyspark 3.5 and its driver dies with an epoch
+    checkpointed and not committed; the same pipeline, checkpoint and meta store, restarted
+    on this environment's Spark (4.x), commits it and goes on; every row exactly once."""
+    from test_crash import _check
+
+    job = Job(tmp_path, "stream", f"sqlite:///{tmp_path / 'm.db'}", python=python_of("3.5.9"))
+    expected = make_input(job.input, files=5)
+    job.assert_fired("before_commit@2", job.run(fault="before_commit@2"))
+    job.python = None  # the upgraded driver
+    assert job.run() == 0, job.last_log()
+    assert "SPARK 3.5.9" in job.logs[0] and "SPARK 3.5.9" not in job.logs[1], job.logs[1]
+    assert "recovery commits checkpointed epoch 1" in job.logs[1], job.logs[1]
+    _check(job, expected)
