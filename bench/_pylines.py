@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,14 +50,14 @@ def _constraints() -> list[str]:
     return sorted(seen.values())
 
 
-REQS = ("pyiceberg[sql-sqlite]", "pyiceberg-core", "pandas")
-"""What every line's environment has besides pyspark and eosink: one environment per
-version serves the benchmarks and the tests alike."""
+EXTRAS = "s3,postgres,sql,iceberg,kafka"
+"""eosink's extras every line's environment has (the sinks and meta stores): one
+environment per version serves the benchmarks and the tests alike."""
 
 
 def venv(pyspark: str, log: Callable[[str], None]) -> Path:
     """The Python of an environment with ``pyspark==<pyspark>``, eosink from this checkout
-    (editable) and :data:`REQS`, every other package at the main environment's version;
+    (editable, with :data:`EXTRAS`), every other package at the main environment's version;
     built once, then cached. Safe to call from several processes at once (a lock file per
     version: pytest's workers)."""
     import fcntl
@@ -66,18 +66,19 @@ def venv(pyspark: str, log: Callable[[str], None]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".venv-pyspark{pyspark}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _venv(pyspark, log, REQS)
+        return _venv(pyspark, log)
 
 
-def _venv(pyspark: str, log: Callable[[str], None], reqs: Sequence[str]) -> Path:
+def _venv(pyspark: str, log: Callable[[str], None]) -> Path:
     uv = shutil.which("uv") or os.environ.get("UV")  # `uv run` names itself in UV
     if uv is None:
         raise RuntimeError(f"`uv` is not on the PATH (it builds the pyspark {pyspark} environment)")
     constraints = _constraints()
-    wanted = [f"pyspark=={pyspark}", *reqs]
+    wanted = [f"pyspark=={pyspark}"]
     spec = {
         "python": sys.version.split()[0],
         "wanted": wanted,
+        "extras": EXTRAS,
         "constraints": constraints,
         "eosink": str(ROOT),
         "pyproject": hashlib.sha1((ROOT / "pyproject.toml").read_bytes()).hexdigest(),
@@ -87,7 +88,7 @@ def _venv(pyspark: str, log: Callable[[str], None], reqs: Sequence[str]) -> Path
     py = d / "bin" / "python"
     if (d / ".complete").exists() and py.exists():
         return py
-    log(f"  building {d} ({', '.join(wanted)}, eosink from {ROOT})")
+    log(f"  building {d} ({', '.join(wanted)}, eosink[{EXTRAS}] from {ROOT})")
     for old in cache_root().glob(f"venv-pyspark{pyspark}-*"):  # one per version
         shutil.rmtree(old, ignore_errors=True)
     t0 = time.perf_counter()
@@ -97,7 +98,7 @@ def _venv(pyspark: str, log: Callable[[str], None], reqs: Sequence[str]) -> Path
     base = getattr(sys, "_base_executable", None) or sys.executable
     subprocess.run([uv, "venv", "-q", "--python", base, str(d)], check=True)
     install = [uv, "pip", "install", "-q", "--python", str(py), "-c", str(pins)]
-    subprocess.run([*install, *wanted, "-e", str(ROOT)], check=True)
+    subprocess.run([*install, *wanted, "-e", f"{ROOT}[{EXTRAS}]"], check=True)
     pins.unlink()
     (d / ".complete").write_text(json.dumps(spec, indent=1))
     log(f"  built in {time.perf_counter() - t0:.0f} s")

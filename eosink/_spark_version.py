@@ -12,6 +12,9 @@ and every 4.x line. What differs, decided here by the running pyspark's version 
 * Spark 4.0 refuses to register a data source name twice (``DATA_SOURCE_ALREADY_EXISTS``)
   and its lookup of installed ``pyspark_*`` modules may have registered ``eosink`` already;
   later lines replace it (:func:`register_data_source`).
+* A DataFrame's ``Observation`` is completed when its write returns on 4.x; on 3.5 a
+  query listener completes it a moment later, from Spark's listener bus
+  (:func:`observed`).
 * An error's condition is ``getCondition()`` on 4.x, ``getErrorClass()`` on 3.5
   (:func:`condition`).
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import Any
 
 import pyspark
@@ -36,6 +40,7 @@ __all__ = [
     "PYTHON_DATA_SOURCES",
     "condition",
     "format_eosink_unsupported",
+    "observed",
     "register_data_source",
     "require_python_data_sources",
 ]
@@ -92,3 +97,20 @@ def register_data_source(spark: Any, source: type) -> None:
         if condition(exc) != "DATA_SOURCE_ALREADY_EXISTS":
             raise
         log.debug("data source %s was registered already (pyspark %s)", source, PYSPARK)
+
+
+OBSERVATION_WAIT_S = 10.0
+"""How long :func:`observed` waits for Spark 3.5's listener bus to complete an observation."""
+
+
+def observed(jo: Any) -> bool:
+    """Whether the query that was to fill the Java ``Observation`` ``jo`` ran: at once on
+    Spark 4; on 3.5 its query listener completes it from the listener bus, after the write
+    returned, so wait for it (at most :data:`OBSERVATION_WAIT_S`: a write that never ran
+    never completes it)."""
+    deadline = time.monotonic() + OBSERVATION_WAIT_S
+    while not jo.future().isCompleted():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 
+from . import _spark_version
 from ._session import arrow_schema
 from ._staging import is_connect
 from ._tasks import TaskSink, _task_fn
@@ -201,7 +202,7 @@ def _write_native(
     results = list(coordinator.write_with_spark(observed, epoch, attempt, setup))
     fault_point("after_spark_write")
     jo = getattr(obs, "_jo", None)
-    done = jo is None or bool(jo.future().isCompleted())
+    done = jo is None or _spark_version.observed(jo)
     if not done:  # the plugin never wrote the DataFrame it was given
         raise SinkError(
             f"sink {sink_id} epoch {epoch}: write_with_spark returned without writing the "
