@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
+from . import _spark_version
 from ._checkpoint import CheckpointDir
 from ._handles import BatchResult, StreamingHandle
 from ._logs import default_logging
@@ -129,6 +130,7 @@ def run(
         )
     streaming = bool(df.isStreaming)
     spark = df.sparkSession
+    _spark_version.check_connectors(spark)
     ckpt: CheckpointDir | None = None
     if streaming:
         if not checkpoint_location:

@@ -277,10 +277,12 @@ def register_datasource(spark: SparkSession) -> None:
 
 
 def prepare_session(spark: SparkSession) -> None:
-    """What eosink does to a session it starts or is given: eosink's errors come out of
-    Spark's as themselves, and ``format("eosink")`` is registered where Spark has Python
+    """What eosink does to a session it starts or is given: its Kafka connector and Iceberg
+    runtime jars are checked against its Spark and Scala versions, eosink's errors come out
+    of Spark's as themselves, and ``format("eosink")`` is registered where Spark has Python
     data sources (Spark 4; on 3.5 a ``format("eosink")`` write fails with the error of
     :func:`~eosink._spark_version.format_eosink_unsupported`)."""
+    _spark_version.check_connectors(spark)
     if _spark_version.PYTHON_DATA_SOURCES:
         from ._datasource import register
 

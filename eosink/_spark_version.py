@@ -15,6 +15,9 @@ and every 4.x line. What differs, decided here by the running pyspark's version 
 * A DataFrame's ``Observation`` is completed when its write returns on 4.x; on 3.5 a
   query listener completes it a moment later, from Spark's listener bus
   (:func:`observed`).
+* Spark's Kafka connector and Iceberg's Spark runtime are built per Spark line and Scala
+  version: :func:`check_connectors` refuses one of another Scala version or Spark major
+  version at start, with the coordinates that match (:func:`connector_problems`).
 * An error's condition is ``getCondition()`` on 4.x, ``getErrorClass()`` on 3.5
   (:func:`condition`).
 
@@ -38,7 +41,9 @@ log = logging.getLogger("eosink")
 __all__ = [
     "PYSPARK",
     "PYTHON_DATA_SOURCES",
+    "check_connectors",
     "condition",
+    "connector_problems",
     "format_eosink_unsupported",
     "observed",
     "register_data_source",
@@ -114,3 +119,80 @@ def observed(jo: Any) -> bool:
             return False
         time.sleep(0.005)
     return True
+
+
+_KAFKA = re.compile(
+    r"(?:org\.apache\.spark:)?spark-sql-kafka-0-10_(?P<scala>\d+\.\d+)[:-](?P<version>\d+\.\d+[\w.-]*?)(?:\.jar)?$"
+)
+_ICEBERG = re.compile(
+    r"(?:org\.apache\.iceberg:)?iceberg-spark-runtime-(?P<line>\d+\.\d+)_(?P<scala>\d+\.\d+)"
+    r"(?:[:-](?P<version>\d[\w.-]*?))?(?:\.jar)?$"
+)
+
+
+def connector_problems(jars: str, spark: str, scala: str) -> tuple[list[str], list[str]]:
+    """The errors and warnings of the Spark Kafka connectors and Iceberg Spark runtimes among
+    ``jars`` (``spark.jars`` and ``spark.jars.packages``: paths, URLs or Maven coordinates,
+    comma-separated) for Spark ``spark`` (``"3.5.9"``) built with Scala ``scala``
+    (``"2.12"``).
+
+    Errors: another Scala version, or another Spark major version (a class or method Spark
+    does not have, at the query's first batch). Warnings: another minor line (eosink's tests
+    run pyspark 4.3 with the 4.2 Kafka connector, the newest on Maven Central; it works).
+    """
+    errors: list[str] = []
+    warnings: list[str] = []
+    line = ".".join(spark.split(".")[:2])
+    for item in (j.strip() for j in jars.split(",")):
+        name = item.rsplit("/", 1)[-1]
+        if m := _KAFKA.search(name):
+            what, their_scala, their = "Spark's Kafka connector", m["scala"], m["version"]
+            right = f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{spark}"
+        elif m := _ICEBERG.search(name):
+            what, their_scala, their = "Iceberg's Spark runtime", m["scala"], m["line"]
+            version = m["version"] or "<iceberg version>"
+            right = f"org.apache.iceberg:iceberg-spark-runtime-{line}_{scala}:{version}"
+        else:
+            continue
+        their_line = ".".join(their.split(".")[:2])
+        said = (
+            f"{what} {item} is built for Spark {their_line} with Scala {their_scala}; this is "
+            f"Spark {spark} with Scala {scala}: use {right}"
+        )
+        if their_scala != scala or their_line.split(".")[0] != line.split(".")[0]:
+            errors.append(said)
+        elif their_line != line:
+            warnings.append(said + " (another minor line: it may work)")
+    return errors, warnings
+
+
+_CHECKED: set[int] = set()
+
+
+def check_connectors(spark: Any) -> None:
+    """Refuse, before any epoch, a session whose ``spark.jars`` or ``spark.jars.packages``
+    name a Kafka connector or an Iceberg runtime of another Scala version or Spark major
+    version (:func:`connector_problems`); warn for another minor line. Once per session; a
+    session whose JVM eosink cannot read (Spark Connect, a vendor runtime that blocks it)
+    is not checked."""
+    key = id(spark)
+    if key in _CHECKED:
+        return
+    try:
+        conf = spark.sparkContext.getConf()
+        jars = ",".join(conf.get(k, "") or "" for k in ("spark.jars", "spark.jars.packages"))
+        props = spark.sparkContext._jvm.scala.util.Properties
+        scala = ".".join(str(props.versionNumberString()).split(".")[:2])
+        version = str(spark.version)
+    except Exception as exc:  # no JVM here: nothing to check
+        log.debug("connector jars not checked: %s", exc)
+        return
+    _CHECKED.add(key)
+    errors, warnings = connector_problems(jars, version, scala)
+    for w in warnings:
+        log.warning("%s", w)
+    if errors:
+        raise ConfigError(
+            "; ".join(errors) + ". Set it in spark.jars.packages (or spark.jars) before the "
+            "session starts: a new Python process"
+        )

@@ -204,3 +204,62 @@ def test_an_observation_completed_late_is_waited_for(monkeypatch: pytest.MonkeyP
     t0 = time.monotonic()
     assert not _spark_version.observed(Late(60))
     assert 0.3 <= time.monotonic() - t0 < 2
+
+
+@pytest.mark.parametrize(
+    ("jars", "spark", "scala", "error", "warning"),
+    [
+        # the tests' own: pyspark 4.3 with the newest connector on Maven Central, 4.2
+        ("org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0", "4.3.0", "2.13", "", "_2.13:4.3.0"),
+        ("/j/spark-sql-kafka-0-10_2.13-4.3.0.jar", "4.3.0", "2.13", "", ""),
+        ("org.apache.spark:spark-sql-kafka-0-10_2.12:3.5.9", "4.3.0", "2.13", "_2.13:4.3.0", ""),
+        ("/j/spark-sql-kafka-0-10_2.13-4.0.0.jar", "3.5.9", "2.12", "_2.12:3.5.9", ""),
+        (
+            "org.apache.iceberg:iceberg-spark-runtime-4.0_2.13:1.11.0",
+            "3.5.9",
+            "2.12",
+            "iceberg-spark-runtime-3.5_2.12:1.11.0",
+            "",
+        ),
+        ("file:///j/iceberg-spark-runtime-3.5_2.12-1.10.0.jar", "3.5.9", "2.12", "", ""),
+        ("org.postgresql:postgresql:42.7.3, /j/hadoop-aws-3.4.1.jar", "3.5.9", "2.12", "", ""),
+        ("", "4.3.0", "2.13", "", ""),
+    ],
+)
+def test_connector_jars_of_another_line(
+    jars: str, spark: str, scala: str, error: str, warning: str
+) -> None:
+    """A Kafka connector or an Iceberg runtime of another Scala version or Spark major
+    version is an error naming the coordinates that match; another minor line, a warning."""
+    from eosink._spark_version import connector_problems
+
+    errors, warnings = connector_problems(jars, spark, scala)
+    assert len(errors) == bool(error) and all(error in e for e in errors), errors
+    assert len(warnings) == bool(warning) and all(warning in w for w in warnings), warnings
+
+
+def test_a_session_with_a_connector_of_another_scala_is_refused(tmp_path: Path) -> None:
+    """``eosink.spark_session`` with ``spark.jars`` naming Spark 3.5's Scala 2.12 Kafka
+    connector, on this environment's Spark 4 (Scala 2.13): a ConfigError at start that names
+    the connector to use, not a missing class at the query's first batch."""
+    import pyspark
+
+    jar = tmp_path / "spark-sql-kafka-0-10_2.12-3.5.9.jar"
+    jar.write_bytes(b"")  # only its name is read
+    script = textwrap.dedent(
+        """
+        import sys
+        import eosink
+        try:
+            eosink.spark_session(master="local[1]", spark__jars=sys.argv[1])
+        except eosink.ConfigError as exc:
+            print("REFUSED", exc)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(jar)], capture_output=True, text=True, timeout=300
+    )
+    assert "REFUSED" in done.stdout, done.stdout + done.stderr[-3000:]
+    said = done.stdout.split("REFUSED", 1)[1]
+    assert f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}" in said, said
+    assert "Scala 2.12" in said and "Scala 2.13" in said, said
