@@ -75,6 +75,13 @@ class Data:
         return self.arrow_bytes / 1e6
 
 
+def to_arrow(df: Any) -> pa.Table:
+    """``df.toArrow()``, which pyspark 4.0 added; on 3.5 the same collect it wraps."""
+    if hasattr(df, "toArrow"):
+        return df.toArrow()
+    return pa.Table.from_batches(df._collect_as_arrow(), schema=None)
+
+
 def make_data(d: Path, size: Size) -> Data:
     """``size.files`` Parquet files (snappy) of long, int, double, string and timestamp
     columns; ``country`` has 8 values (the partition column of the partitioned rows)."""

@@ -50,9 +50,9 @@ def _constraints() -> list[str]:
     return sorted(seen.values())
 
 
-EXTRAS = "s3,postgres,sql,iceberg,kafka"
-"""eosink's extras every line's environment has (the sinks and meta stores): one
-environment per version serves the benchmarks and the tests alike."""
+EXTRAS = "s3,postgres,sql,iceberg,kafka,charts"
+"""eosink's extras every line's environment has (the sinks, the meta stores, the bench's
+charts): one environment per version serves the benchmarks and the tests alike."""
 
 
 def venv(pyspark: str, log: Callable[[str], None]) -> Path:

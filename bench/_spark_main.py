@@ -12,7 +12,17 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ._common import SAMPLES, Data, Row, Size, failed_row, interleave, med, throughput_row
+from ._common import (
+    SAMPLES,
+    Data,
+    Row,
+    Size,
+    failed_row,
+    interleave,
+    med,
+    throughput_row,
+    to_arrow,
+)
 
 MRPB = "spark.sql.execution.arrow.maxRecordsPerBatch"
 MRPB_VALUES = (10_000, 100_000, 1_000_000)  # Spark's default first
@@ -339,7 +349,7 @@ class MainBench:
 
         import eosink
 
-        arrow_schema = self.spark.read.parquet(str(self.data.path)).limit(0).toArrow().schema
+        arrow_schema = to_arrow(self.spark.read.parquet(str(self.data.path)).limit(0)).schema
         partition_by = ["day(ts)", "country"] if partitioned else []
         key = "iceberg-partitioned" if partitioned else "iceberg"
 
@@ -373,7 +383,7 @@ class MainBench:
                     u.add_field("country", IdentityTransform(), "country")
             q = (
                 self.stream()
-                .writeStream.foreachBatch(lambda df, _: table.append(df.toArrow()))
+                .writeStream.foreachBatch(lambda df, _: table.append(to_arrow(df)))
                 .option("checkpointLocation", f"{out}/chk")
                 .trigger(availableNow=True)
                 .start()

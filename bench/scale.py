@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._common import failure, med, pct
+from ._common import failure, med, pct, to_arrow
 from ._protocol import protocol_cost
 
 
@@ -478,11 +478,11 @@ def _iceberg_stream(tmp: Path, n: int, who: str) -> tuple[list[float], list[floa
     else:
         cat.create_namespace_if_not_exists("b")
         table = cat.create_table(
-            "b.t", schema=spark.read.parquet(str(inp)).limit(0).toArrow().schema
+            "b.t", schema=to_arrow(spark.read.parquet(str(inp)).limit(0)).schema
         )
 
         def append(df: Any, _: int) -> None:
-            table.append(df.toArrow())
+            table.append(to_arrow(df))
             ends.append(time.time())
 
         q = (
