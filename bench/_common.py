@@ -79,7 +79,12 @@ def to_arrow(df: Any) -> pa.Table:
     """``df.toArrow()``, which pyspark 4.0 added; on 3.5 the same collect it wraps."""
     if hasattr(df, "toArrow"):
         return df.toArrow()
-    return pa.Table.from_batches(df._collect_as_arrow(), schema=None)
+    from eosink._session import spark_to_arrow
+
+    batches = df._collect_as_arrow()
+    if not batches:
+        return spark_to_arrow(df.schema).empty_table()
+    return pa.Table.from_batches(batches)
 
 
 def make_data(d: Path, size: Size) -> Data:
