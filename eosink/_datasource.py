@@ -32,13 +32,9 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     WriterCommitMessage,
 )
-
-try:
-    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamBase
-except ImportError:  # pyspark 4.0: streams hand the writer Rows (converted below)
-    _StreamBase = DataSourceStreamWriter  # type: ignore[misc,assignment]
 from pyspark.sql.types import StructType
 
+from . import _spark_version
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
 from ._logs import default_logging
@@ -56,6 +52,11 @@ from .registry import get_sink
 from .sink import SinkPlugin
 
 log = logging.getLogger("eosink")
+
+if _spark_version.ARROW_STREAM_WRITERS:
+    from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamBase
+else:  # pyspark 4.0: streams hand the writer Rows (converted below)
+    _StreamBase = DataSourceStreamWriter  # type: ignore[misc,assignment]
 
 __all__ = ["EosinkDataSource", "register"]
 

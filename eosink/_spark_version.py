@@ -8,6 +8,9 @@ and every 4.x line. What differs, decided here by the running pyspark's version 
   added: on 3.5 it does not exist, and :func:`require_python_data_sources` raises a
   :class:`~eosink.ConfigError` that names the version and the alternative
   (:func:`eosink.run`, the same sinks with the same guarantees).
+* A data source's stream writer gets Arrow batches from 4.1 on, Rows on 4.0; pyspark's
+  ``to_arrow_schema`` takes a time zone from 4.1 on (:data:`ARROW_STREAM_WRITERS`,
+  :data:`ARROW_SCHEMA_TIMEZONE`).
 * Spark 4 looks up installed ``pyspark_*`` data source modules by itself; 3.5 does not.
 * Spark 4.0 refuses to register a data source name twice (``DATA_SOURCE_ALREADY_EXISTS``)
   and its lookup of installed ``pyspark_*`` modules may have registered ``eosink`` already;
@@ -39,6 +42,8 @@ from .errors import ConfigError
 log = logging.getLogger("eosink")
 
 __all__ = [
+    "ARROW_SCHEMA_TIMEZONE",
+    "ARROW_STREAM_WRITERS",
     "PYSPARK",
     "PYTHON_DATA_SOURCES",
     "check_connectors",
@@ -63,6 +68,14 @@ PYSPARK = _line(pyspark.__version__)
 
 PYTHON_DATA_SOURCES = PYSPARK >= (4, 0)
 """Whether Spark's Python data source API exists, which ``format("eosink")`` is."""
+
+ARROW_STREAM_WRITERS = PYSPARK >= (4, 1)
+"""Whether a Python data source's stream writer gets Arrow batches
+(``DataSourceStreamArrowWriter``, 4.1); 4.0 hands it Rows."""
+
+ARROW_SCHEMA_TIMEZONE = PYSPARK >= (4, 1)
+"""Whether pyspark's ``to_arrow_schema`` takes the session's time zone (4.1); before, it
+writes timestamps as UTC."""
 
 
 def format_eosink_unsupported() -> ConfigError:
