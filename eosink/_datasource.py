@@ -37,13 +37,11 @@ from pyspark.sql.types import StructType
 from . import _spark_version
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
-from ._logs import default_logging
 from ._metastore import BATCH
 from ._paths import absolute, check_no_relative, path_options
 from ._protocol import Epoch, SinkRuntime
 from ._rules import WRITE
 from ._setup import SinkSetup, open_runtime, prepare_sink
-from ._spark_errors import _install_error_conversion
 from ._spark_version import register_data_source
 from ._staging import is_connect
 from ._tasks import TaskSink, run_writer
@@ -352,14 +350,11 @@ class EosinkDataSource(DataSource):
 
 
 def register(spark: Any) -> None:
-    """Register ``format("eosink")`` with a SparkSession (``eosink.spark_session`` does it).
-
-    Also makes the errors of ``format("eosink")`` come out as eosink's own errors on this
-    driver (see the module's docstring).
-    """
-    default_logging()
+    """Register ``format("eosink")`` with a SparkSession and, over Spark Connect, make its
+    path-like options absolute on this client. :func:`eosink._session.prepare_session`
+    calls it (after installing eosink's error conversion) where Spark has Python data
+    sources."""
     register_data_source(spark, EosinkDataSource)
-    _install_error_conversion(connect=is_connect(spark))
     if is_connect(spark):
         _absolute_paths_on_client(spark)
 

@@ -282,18 +282,17 @@ def prepare_session(spark: SparkSession) -> None:
     of Spark's as themselves, and ``format("eosink")`` is registered where Spark has Python
     data sources (Spark 4; on 3.5 a ``format("eosink")`` write fails with the error of
     :func:`~eosink._spark_version.format_eosink_unsupported`)."""
-    _spark_version.check_connectors(spark)
-    if _spark_version.PYTHON_DATA_SOURCES:
-        from ._datasource import register
-
-        register(spark)
-        return
     from ._logs import default_logging
     from ._spark_errors import _install_error_conversion
     from ._staging import is_connect
 
+    _spark_version.check_connectors(spark)
     default_logging()
     _install_error_conversion(connect=is_connect(spark))
+    if _spark_version.PYTHON_DATA_SOURCES:
+        from ._datasource import register
+
+        register(spark)
 
 
 def arrow_schema(df: DataFrame) -> pa.Schema:

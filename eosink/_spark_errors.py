@@ -8,7 +8,7 @@ the first micro-batch; the driver's Python never runs eosink code before that (`
 ``start()`` are pyspark's), so options cannot be validated there first, and no Spark setting
 removes the wrapping (``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled`` only
 drops pyspark's frames, ``...hideTraceback.enabled`` the traceback, never the prefix).
-``eosink._datasource.register`` therefore converts on the driver instead: it wraps pyspark's
+``eosink._session.prepare_session`` therefore converts on the driver instead: it wraps pyspark's
 ``convert_exception`` (the function through which every JVM exception becomes a Python one),
 and when a Spark error is a ``PYTHON_DATA_SOURCE_ERROR`` whose Python traceback ends with an
 eosink error (``eosink.errors.ConfigError: invalid options ...``), directly or as the cause of

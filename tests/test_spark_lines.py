@@ -36,12 +36,17 @@ def python_of(pyspark: str) -> Path:
     return _pylines.venv(pyspark, lambda msg: print(msg, file=sys.stderr))
 
 
-def _run(py: Path, argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _run(py: Path, cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``cmd`` (a program of ``py``'s environment) as on a fresh machine under ``tmp_path``."""
     env = _pylines.child_env(py)
     env.update(TMPDIR=str(tmp_path), HOME=str(tmp_path / "home"))
     env.pop("EOSINK_HOME", None)
-    cmd = argv if argv[0].endswith("eosink") else [str(py), *argv]
     return subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+
+
+def _ran_on(job: Job, pyspark: str) -> None:
+    """Every driver of ``job`` ran on pyspark ``pyspark`` (tests/crashjob.py prints it)."""
+    assert all(f"SPARK {pyspark}" in log for log in job.logs), job.last_log()
 
 
 @pytest.mark.parametrize("pyspark", LINES)
@@ -72,7 +77,7 @@ def test_a_stream_killed_and_moved(tmp_path: Path, pyspark: str) -> None:
         faults = ["before_commit@2", "mid_commit@1"]
     expected = make_input(job.input, files=len(faults) + 3)
     moving_chain(job, faults)
-    assert all(f"SPARK {pyspark}" in log for log in job.logs), job.last_log()
+    _ran_on(job, pyspark)
     check_files(job, expected, partitioned=True)
 
 
@@ -103,7 +108,8 @@ def test_format_eosink_on_3_5_says_what_to_do(tmp_path: Path) -> None:
     ConfigError naming the version and the alternative, for a write and for an explicit
     ``register_datasource``; nothing is written."""
     out = tmp_path / "out"
-    done = _run(python_of("3.5.9"), ["-c", _FORMAT_ON_35, str(out)], tmp_path)
+    py = python_of("3.5.9")
+    done = _run(py, [str(py), "-c", _FORMAT_ON_35, str(out)], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines() if ": " in line)
     for name in ("write", "register"):
@@ -143,7 +149,7 @@ def test_the_sql_sink_killed_on_3_5(tmp_path: Path) -> None:
     job.python = python_of("3.5.9")
     make_input(job.input, files=5, rows=50)
     crash_chain(job, ["after_persist@2", "mid_commit@2"])
-    assert all("SPARK 3.5.9" in log for log in job.logs), job.last_log()
+    _ran_on(job, "3.5.9")
     _check(job, url, _appended(job))
 
 
@@ -162,7 +168,7 @@ def test_the_iceberg_sink_killed_on_3_5(tmp_path: Path) -> None:
     )
     expected = make_input(job.input, files=6)
     crash_chain(job, ["after_persist@2", "mid_commit@2", "after_commit@2"])
-    assert all("SPARK 3.5.9" in log for log in job.logs), job.last_log()
+    _ran_on(job, "3.5.9")
     _check_table(job, expected, native=True)
 
 
@@ -176,7 +182,7 @@ def test_the_kafka_sink_killed_on_3_5(kafka: Any, tmp_path: Path) -> None:
     job.python = python_of("3.5.9")
     expected = make_input(job.input, files=5, rows=ROWS)
     crash_chain(job, ["after_persist@2", "kafka_before_commit@3", "mid_commit@2"])
-    assert all("SPARK 3.5.9" in log for log in job.logs), job.last_log()
+    _ran_on(job, "3.5.9")
     check_topic(job, expected, aborted=True, per_epoch=ROWS)
 
 
