@@ -15,6 +15,7 @@ from ._protocol import EpochFigures
 from ._restart import NO_RESTART, RestartPolicy, restart_rule, stream_failure_verdict
 from ._stream import (
     StreamBatches,
+    close_live,
     committed_figures,
     eosink_error_of_stream,
     finish_stream,
@@ -152,26 +153,7 @@ class StreamingHandle:
             figures = finish_stream(self._batches.settings, self._first_epoch)
             self._figures[:] = figures
             return
-        if live.roller is not None:
-            live.roller.stop()
-        committer = live.committer
-        try:
-            if committer is not None:
-                committer.drain(until_checkpointed=True)
-                left = committer.outstanding()
-                if left:
-                    log.info(
-                        "sink %s: %d epoch(s) not checkpointed by Spark stay PENDING; the next "
-                        "start aborts and rewrites them",
-                        self.sink_id,
-                        left,
-                    )
-            live.runtime.roll(everything=True)  # a stopped stream leaves no rows waiting
-        finally:
-            if committer is not None:
-                committer.close()
-            live.runtime.close()
-            live.runtime.store.close()
+        close_live(live)
 
     def stop(self) -> None:
         """Stop the query, then commit every checkpointed epoch before returning."""

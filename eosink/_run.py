@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import uuid
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -19,14 +18,13 @@ from ._checkpoint import CheckpointDir
 from ._handles import BatchResult, StreamingHandle
 from ._logs import default_logging
 from ._metastore import MetaStore
-from ._protocol import AsyncCommitter, EpochFigures, SinkRuntime
+from ._protocol import EpochFigures, SinkRuntime
 from ._restart import RestartPolicy
 from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import spark_master
-from ._stream import Roller, StreamBatches, StreamSettings, _Live, write_or_discard
+from ._stream import close_live, open_stream_batches, write_or_discard
 from .errors import ConfigError
-from .faults import fault_point
 from .registry import get_sink
 
 if TYPE_CHECKING:
@@ -240,51 +238,31 @@ def _start_stream(
     figures: list[EpochFigures] | None = None,
 ) -> StreamingHandle:
     inline = commit_mode == "inline"
-    runtime.run_id = uuid.uuid4().hex
-    ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
-    base = runtime.open_stream(ckpt, setup.new_checkpoint, inline=inline)
-    last = ckpt.last_committed_batch()
-    # Inline mode may have crashed in the middle of a commit: every PENDING epoch holds
-    # complete data, so finish them all; the replayed batch is then skipped (rule 5).
-    # Otherwise the epochs from the first batch not checkpointed on are decided at the first
-    # micro-batch (StreamBatches -> SinkRuntime.resume_stream), once Spark fixed it.
-    runtime.start_recovery(ckpt, base)
-    base = runtime.rebase_stream(ckpt, base, held=not inline)
-    first = base + (0 if last is None else last + 1)
-    sid = runtime.sink_id
-    settings = StreamSettings(
+    batches, base, first = open_stream_batches(
+        runtime,
         setup,
-        ckpt.location,
-        runtime.lineage,
-        base,
-        inline,
-        runtime.run_id or "",
+        ckpt,
+        inline=inline,
         max_pending_epochs=max_pending_epochs,
+        figures=figures,
     )
-    batches = StreamBatches(settings, figures=[] if figures is None else figures)
+    sid = runtime.sink_id
     if ckpt.connect:
         # Spark Connect: the micro-batches run in the server's Python worker, which builds
         # its own coordinator from the settings (and fences this one).
         runtime.close()
         runtime.store.close()
-    else:
-        committer = None if inline else AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
-        batches.live = _Live(runtime, committer, batches.figures, Roller.start_for(runtime))
 
     writer = df.writeStream.foreachBatch(batches).option("checkpointLocation", ckpt.spark_location)
     if isinstance(trigger, dict) and trigger:
         writer = writer.trigger(**trigger)
     if query_name:
         writer = writer.queryName(query_name)
-    fault_point("stream_before_start")
     try:
         query = writer.start()
     except BaseException:
         if batches.live is not None:
-            if batches.live.roller is not None:
-                batches.live.roller.stop()
-            if batches.live.committer is not None:
-                batches.live.committer.close()
+            close_live(batches.live, stopped=False)
         raise
     if ckpt.connect:
         runtime.close()

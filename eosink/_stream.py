@@ -20,6 +20,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -34,6 +35,7 @@ from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime
 from ._write import Written, write_epoch
 from .errors import ConfigError, EosinkError
+from .faults import fault_point
 from .sink import Rolling
 
 if TYPE_CHECKING:
@@ -47,8 +49,11 @@ log = logging.getLogger("eosink")
 __all__ = [
     "StreamBatches",
     "StreamSettings",
+    "close_live",
     "eosink_error_of_stream",
     "finish_stream",
+    "open_stream_batches",
+    "spark_write",
     "wait_committed",
     "write_or_discard",
 ]
@@ -138,6 +143,11 @@ def write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
         raise
 
 
+def spark_write(df: DataFrame, ep: Epoch) -> Written:
+    """A micro-batch's epoch written by Spark's tasks (:func:`write_or_discard`)."""
+    return write_or_discard(df, ep, arrow_schema(df))
+
+
 def keep_figures(figures: list[EpochFigures], fig: EpochFigures) -> None:
     """Append a micro-batch's figures to a handle's list, which keeps the newest
     :data:`~eosink._protocol.FIGURES_KEPT` (trimmed in place, by a tenth at a time)."""
@@ -156,6 +166,9 @@ class _Live:
     roller: Roller | None = None
     resumed: bool = False
     """Whether the held recovery ran (:meth:`SinkRuntime.resume_stream`, first micro-batch)."""
+    write: Callable[[Any, Epoch], Written] = spark_write
+    """How a micro-batch's data becomes the epoch's write results: Spark's tasks. (The
+    Spark-less crash driver, tests/lifecycle_driver.py, runs the same writers in-process.)"""
 
 
 class Roller:
@@ -280,13 +293,94 @@ class StreamBatches:
             )
             keep_figures(live.figures, EpochFigures(ep.epoch, skipped=True))
             return
-        w = write_or_discard(batch_df, ep, arrow_schema(batch_df))
+        w = live.write(batch_df, ep)
         fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
         keep_figures(live.figures, fig)
         if committer is None:
             ep.commit()
         else:
             committer.submit(ep.epoch, ep.committable, fig)
+
+
+def open_stream_batches(
+    runtime: SinkRuntime,
+    setup: SinkSetup,
+    ckpt: CheckpointDir,
+    *,
+    inline: bool,
+    max_pending_epochs: int,
+    figures: list[EpochFigures] | None = None,
+) -> tuple[StreamBatches, int, int]:
+    """The start of an ``eosink.run`` stream, in the protocol's order, on the coordinator
+    ``runtime`` (opened, the sink acquired): the one place that orders it.
+
+    Repairs the checkpoint's half-written log entries, opens the stream (its lineage, rules
+    1-5 of a fresh or known checkpoint), starts recovery and rebases the epochs (rule 8);
+    a stream that commits after Spark's checkpoint holds the decision on the epochs from the
+    first batch not checkpointed until its first micro-batch
+    (:meth:`SinkRuntime.resume_stream`), once Spark fixed it; inline mode finishes every
+    PENDING epoch now (each holds complete data; the replayed batch is then skipped, rule 5).
+    On a classic session the returned function runs its micro-batches on ``runtime`` (with an
+    :class:`AsyncCommitter` unless ``inline``); over Spark Connect it holds only its settings.
+    Fault point ``stream_before_start`` fires at the end: set up, no micro-batch run.
+
+    Returns:
+        The ``foreachBatch`` function, the epoch base (epoch = base + batchId) and the first
+        epoch of this run (the first batch Spark has not checkpointed).
+    """
+    runtime.run_id = uuid.uuid4().hex
+    ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
+    base = runtime.open_stream(ckpt, setup.new_checkpoint, inline=inline)
+    last = ckpt.last_committed_batch()
+    runtime.start_recovery(ckpt, base)
+    base = runtime.rebase_stream(ckpt, base, held=not inline)
+    first = base + (0 if last is None else last + 1)
+    settings = StreamSettings(
+        setup,
+        ckpt.location,
+        runtime.lineage,
+        base,
+        inline,
+        runtime.run_id or "",
+        max_pending_epochs=max_pending_epochs,
+    )
+    batches = StreamBatches(settings, figures=[] if figures is None else figures)
+    if not ckpt.connect:
+        committer = None if inline else AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
+        batches.live = _Live(runtime, committer, batches.figures, Roller.start_for(runtime))
+    fault_point("stream_before_start")
+    return batches, base, first
+
+
+def close_live(live: _Live, *, stopped: bool = True) -> None:
+    """The end of a classic session's stream, once Spark's query ended: commit what Spark
+    checkpointed (epochs it did not checkpoint stay PENDING: the next start aborts and
+    rewrites them), publish the rows still in open files, close the coordinator.
+
+    ``stopped=False``: the query failed to start: only stop the threads and close."""
+    sid = live.runtime.sink_id
+    if live.roller is not None:
+        live.roller.stop()
+    committer = live.committer
+    try:
+        if committer is not None and stopped:
+            committer.drain(until_checkpointed=True)
+            left = committer.outstanding()
+            if left:
+                log.info(
+                    "sink %s: %d epoch(s) not checkpointed by Spark stay PENDING; the next "
+                    "start aborts and rewrites them",
+                    sid,
+                    left,
+                )
+        if stopped:
+            live.runtime.roll(everything=True)  # a stopped stream leaves no rows waiting
+    finally:
+        if committer is not None:
+            committer.close()
+        if stopped:
+            live.runtime.close()
+            live.runtime.store.close()
 
 
 def finish_stream(settings: StreamSettings, first_epoch: int) -> list[EpochFigures]:

@@ -13,7 +13,10 @@ cases (and in the kafka, sql and iceberg sinks' crash tests, whose flows write w
 Every core point is killed here once per front end (the other sinks' crash files kill their
 own points: the fault coverage table, tests/faultmatrix.py), on the SQLite meta store; on
 PostgreSQL a crash while aborting and random-instant kills (and the sql and iceberg sinks'
-cases). The meta store's own semantics are covered on both by test_metastore.py.
+cases). The meta store's own semantics are covered on both by test_metastore.py. For
+``eosink.run`` streams, the points that need no Spark beside them are killed many more times
+over, on both meta stores, by tests/test_lifecycle_kills.py (a Spark-less driver of the same
+lifecycle); here the chains that involve Spark's writers, its checkpoint and its query start.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ pytestmark = pytest.mark.crash
 # one case per point would, with fewer driver starts.
 STREAM_FAULTS = [
     # The first run dies right after writing the checkpoint's lineage file, before the meta
-    # store records it; the next ones at each point up to the commit of epoch 1.
+    # store records it; the next ones at each point up to the commit of epoch 1 (Spark's own
+    # writers stage it: after_spark_write).
     [
         "after_lineage_written",
         "after_spark_write@2",
@@ -51,16 +55,16 @@ STREAM_FAULTS = [
         "after_persist@2",
         "before_commit@2",
     ],
-    ["mid_commit@2", "after_commit@2", "after_mark_committed@2"],
-    # Crashes inside recovery itself. Epoch 2 persisted, not checkpointed: each restart finds
-    # it still to abort and dies at the next point of that abort (before the plugin's abort,
-    # inside it, between it and deleting the row).
-    ["after_persist@3", "recovery_before_abort", "mid_abort", "recovery_before_finish_abort"],
-    # Epoch 1 checkpointed, not committed: the restart dies once the stream is set up,
-    # before Spark's query starts (recovery of epoch 1 held for its first micro-batch), the
-    # next one inside recovery's own commit of epoch 1, the next right after it.
+    # Epoch 1 checkpointed by Spark, not committed: the restart dies once the stream is set
+    # up, before Spark's query starts (recovery of epoch 1 held for its first micro-batch),
+    # the next one inside recovery's own commit of epoch 1, the next right after it.
     ["before_commit@2", "stream_before_start", "mid_commit", "after_commit"],
 ]
+# The other core points of the stream (the commit's mid_commit@2, after_commit@2,
+# after_mark_committed@2; recovery's abort of an epoch Spark did not checkpoint) are killed,
+# at several epochs and at random instants, in the Spark-less lifecycle driver
+# (tests/test_lifecycle_kills.py: the same stream lifecycle, meta store and file sink), which
+# caught the deliberately broken variants these chains caught (docs/testing.md).
 # A batch job has one epoch (5): the first three runs die before it is PENDING, the next ones
 # die while finishing the PENDING epoch the third left (before, inside, after its commit,
 # after COMMITTED).
@@ -106,7 +110,7 @@ DS_BATCH_FAULTS = [
 # one chain on PostgreSQL is enough (test_random_kills kills a PostgreSQL one at random).
 STREAM_ON_POSTGRES = [["after_persist@3", "mid_abort"]]
 # After these, the finished job is run once more: replays of committed epochs change nothing.
-RERUN = [STREAM_FAULTS[1], BATCH_FAULTS[1]]
+RERUN = [STREAM_FAULTS[1], BATCH_FAULTS[1]]  # (STREAM_FAULTS[1]: after a held recovery)
 
 
 def _cases(matrix: list[list[str]], on_postgres: list[list[str]]) -> list[object]:
