@@ -39,20 +39,35 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _constraints() -> list[str]:
-    """``name==version`` of every distribution of the main environment but pyspark's own
-    and this checkout's."""
-    seen: dict[str, str] = {}
+# What a line's pyspark needs at another version than the main environment's, and the bound
+# that then holds instead: pyspark 3.5's Connect client (``pyspark[connect]``) requires
+# numpy<2, and pyarrow 26 (the lock's) requires numpy>=2 (25 is the newest that imports with
+# numpy 1.26).
+_LINE_NOT_PINNED = {"3.5.": {"numpy", "pyarrow"}}
+_LINE_BOUNDS = {"3.5.": ["pyarrow<26"]}
+
+
+def _constraints(pyspark: str = "") -> list[str]:
+    """``name==version`` of every distribution of the main environment but pyspark's own,
+    this checkout's and those the ``pyspark`` line needs at another version."""
+    skip = set(_NOT_PINNED)
+    bounds: list[str] = []
+    for prefix, names in _LINE_NOT_PINNED.items():
+        if pyspark.startswith(prefix):
+            skip |= names
+            bounds += _LINE_BOUNDS.get(prefix, [])
+    seen: dict[str, str] = {b: b for b in bounds}
     for dist in md.distributions():
         name = dist.metadata["Name"]
-        if name and _norm(name) not in _NOT_PINNED:
+        if name and _norm(name) not in skip:
             seen.setdefault(_norm(name), f"{name}=={dist.version}")
     return sorted(seen.values())
 
 
-EXTRAS = "s3,postgres,sql,iceberg,kafka,charts"
+EXTRAS = "s3,postgres,sql,iceberg,kafka,charts,connect"
 """eosink's extras every line's environment has (the sinks, the meta stores, the bench's
-charts): one environment per version serves the benchmarks and the tests alike."""
+charts, the Spark Connect client): one environment per version serves the benchmarks and
+the tests alike."""
 
 
 def venv(pyspark: str, log: Callable[[str], None]) -> Path:
@@ -73,7 +88,7 @@ def _venv(pyspark: str, log: Callable[[str], None]) -> Path:
     uv = shutil.which("uv") or os.environ.get("UV")  # `uv run` names itself in UV
     if uv is None:
         raise RuntimeError(f"`uv` is not on the PATH (it builds the pyspark {pyspark} environment)")
-    constraints = _constraints()
+    constraints = _constraints(pyspark)
     wanted = [f"pyspark=={pyspark}"]
     spec = {
         "python": sys.version.split()[0],

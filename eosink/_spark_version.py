@@ -23,6 +23,9 @@ and every 4.x line. What differs, decided here by the running pyspark's version 
   version at start, with the coordinates that match (:func:`connector_problems`).
 * An error's condition is ``getCondition()`` on 4.x, ``getErrorClass()`` on 3.5
   (:func:`condition`).
+* Spark Connect on 3.5 has no ``Observation`` (``df.observe``), which the native write path
+  counts its rows with: over Connect on 3.5 every sink writes with the Python writers
+  (:data:`CONNECT_OBSERVATION`).
 
 The other seams (the checkpoint's logs, the JVM gateway, error conversion) read the same on
 3.5 and 4.x so far; a difference found later is added here.
@@ -44,6 +47,7 @@ log = logging.getLogger("eosink")
 __all__ = [
     "ARROW_SCHEMA_TIMEZONE",
     "ARROW_STREAM_WRITERS",
+    "CONNECT_OBSERVATION",
     "PYSPARK",
     "PYTHON_DATA_SOURCES",
     "check_connectors",
@@ -76,6 +80,12 @@ ARROW_STREAM_WRITERS = PYSPARK >= (4, 1)
 ARROW_SCHEMA_TIMEZONE = PYSPARK >= (4, 1)
 """Whether pyspark's ``to_arrow_schema`` takes the session's time zone (4.1); before, it
 writes timestamps as UTC."""
+
+
+CONNECT_OBSERVATION = PYSPARK >= (4, 0)
+"""Whether a Spark Connect DataFrame has ``observe(Observation)`` (4.0; 3.5 raises
+``NOT_IMPLEMENTED``): without it, Spark's own writers (the native path) are not used over
+Connect."""
 
 
 def format_eosink_unsupported() -> ConfigError:

@@ -51,14 +51,23 @@ class Written:
 
 
 def writer_kind(
-    coordinator: SinkCommitCoordinator[Any, Any], schema: pa.Schema, caps: Capabilities
+    coordinator: SinkCommitCoordinator[Any, Any],
+    schema: pa.Schema,
+    caps: Capabilities,
+    connect: bool = False,
 ) -> str:
     """``spark`` when the coordinator (whose capabilities are ``caps``) stages DataFrames of
     ``schema`` with Spark's writers, else ``python`` (logged once per sink and reason when the
-    coordinator could but declines)."""
+    coordinator could but declines, or the session cannot: ``connect``, a Spark Connect
+    session, on a Spark without Connect's ``Observation``)."""
     if not caps.spark_writer:
         return "python"
     why = cast(SparkWriter[Any], coordinator).spark_write_unsupported(schema)
+    if why is None and connect and not _spark_version.CONNECT_OBSERVATION:
+        why = (
+            f"Spark Connect on pyspark {_spark_version.PYSPARK[0]}.{_spark_version.PYSPARK[1]} "
+            "has no Observation, which Spark's writers count an epoch's rows with"
+        )
     if why is None:
         return "spark"
     key = (str(id(coordinator)), why)
@@ -84,7 +93,7 @@ def write_epoch(
     coordinator, sink_id = runtime.coordinator, runtime.sink_id
     sink = TaskSink(runtime.plugin, runtime.options, sink_id, epoch, setup)
     schema = schema if schema is not None else arrow_schema(df)
-    kind = writer_kind(coordinator, schema, runtime.caps)
+    kind = writer_kind(coordinator, schema, runtime.caps, is_connect(df.sparkSession))
     t0 = time.perf_counter()
     tag = _tag_jobs(df.sparkSession)
     try:

@@ -54,10 +54,20 @@ TESTS = Path(__file__).resolve().parent
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-def spark_home() -> Path:
-    import pyspark
+def spark_home(python: Path | None = None) -> Path:
+    """pyspark's directory (its ``bin/spark-submit``, ``jars/``): this interpreter's, or the
+    one ``python`` imports (another Spark line's environment, bench/_pylines.py)."""
+    if python is None:
+        import pyspark
 
-    return Path(pyspark.__file__).resolve().parent
+        return Path(pyspark.__file__).resolve().parent
+    out = subprocess.run(
+        [str(python), "-c", "import pyspark, os; print(os.path.dirname(pyspark.__file__))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return Path(out.stdout.strip()).resolve()
 
 
 def _die_with_parent() -> None:
@@ -123,6 +133,10 @@ class ConnectServer:
         env: more environment variables of the server and so of its Python workers
             (``EOSINK_FAULT``, ``EOSINK_FAULT_MARK``); :meth:`restart` can change them.
         port: the gRPC port (default: a free one); kept across restarts.
+        python: the server's Python workers' interpreter, whose pyspark runs the server
+            (default: this one); another Spark line's environment (bench/_pylines.py).
+        jars: more jars of the server (``--jars``): Spark 3.5 ships no Connect server, its
+            ``spark-connect_2.12`` jar is fetched from Maven Central.
 
     ``url`` is the client's ``sc://127.0.0.1:<port>``. The server starts at construction
     (``start=False`` defers it) and is ready when the port is open and a client query ran.
@@ -136,7 +150,12 @@ class ConnectServer:
         port: int | None = None,
         start: bool = True,
         timeout: float = 180,
+        python: Path | None = None,
+        jars: list[Path] | None = None,
     ) -> None:
+        self.python = str(python or sys.executable)
+        self.home = spark_home(python)
+        self.jars = list(jars or [])
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.conf = dict(conf or {})
@@ -180,7 +199,8 @@ class ConnectServer:
             **self.conf,
         }
         cmd = [
-            str(spark_home() / "bin" / "spark-submit"),
+            str(self.home / "bin" / "spark-submit"),
+            *(["--jars", ",".join(map(str, self.jars))] if self.jars else []),
             "--class",
             SERVER_CLASS,
             "--name",
@@ -198,9 +218,9 @@ class ConnectServer:
             env.pop(key, None)
         env.pop("PYSPARK_SUBMIT_ARGS", None)  # a client's (CDS archive), not this JVM's
         env.update(
-            SPARK_HOME=str(spark_home()),
-            PYSPARK_PYTHON=sys.executable,
-            PYSPARK_DRIVER_PYTHON=sys.executable,
+            SPARK_HOME=str(self.home),
+            PYSPARK_PYTHON=self.python,
+            PYSPARK_DRIVER_PYTHON=self.python,
             SPARK_LOCAL_IP="127.0.0.1",
             SPARK_LOG_DIR=str(self.root),
             TMPDIR=str(self.root / "local"),
@@ -266,7 +286,7 @@ class ConnectServer:
             left = deadline - time.monotonic()
             try:
                 out = subprocess.run(
-                    [sys.executable, str(TESTS / "connect_job.py"), "--probe", self.url],
+                    [self.python, str(TESTS / "connect_job.py"), "--probe", self.url],
                     capture_output=True,
                     text=True,
                     timeout=max(left, 5),
@@ -401,8 +421,11 @@ class ConnectServer:
 # ---------------------------------------------------------------------------------------
 
 
-def client_command(url: str, steps: list[dict[str, Any]]) -> list[str]:
-    return [sys.executable, str(TESTS / "connect_job.py"), json.dumps({"url": url, "steps": steps})]
+def client_command(url: str, steps: list[dict[str, Any]], python: str | None = None) -> list[str]:
+    """tests/connect_job.py running ``steps`` against ``url`` (with ``python``: another Spark
+    line's client)."""
+    job = json.dumps({"url": url, "steps": steps})
+    return [python or sys.executable, str(TESTS / "connect_job.py"), job]
 
 
 def client_env(fault: str | None = None, marks: Path | None = None) -> dict[str, str]:
@@ -456,11 +479,12 @@ class Client:
         log: Path,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        python: str | None = None,
     ) -> None:
         self.log = log
         with open(log, "w") as fh:
             self.proc = subprocess.Popen(
-                client_command(url, steps),
+                client_command(url, steps, python),
                 env=env or client_env(),
                 cwd=cwd,
                 stdout=fh,
@@ -506,10 +530,11 @@ def run_client(
     timeout: float = 300,
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
+    python: str | None = None,
 ) -> ClientRun:
     """Run ``steps`` in one client session (tests/connect_job.py, in the working directory
-    ``cwd``); wait for the client."""
-    return Client(url, steps, log, env, cwd).finish(timeout)
+    ``cwd``, with the interpreter ``python``: this one by default); wait for the client."""
+    return Client(url, steps, log, env, cwd, python).finish(timeout)
 
 
 class ConnectJob(Job):

@@ -30,6 +30,8 @@ import pytest
 from conftest import metastore_for
 from harness import epoch_states, read_ids, record_coverage, staged_files
 
+from eosink.testing import CRASH_POINTS
+
 pytestmark = pytest.mark.crash
 
 DRIVER = Path(__file__).with_name("lifecycle_driver.py")
@@ -54,17 +56,9 @@ CHAINS = [
 ]
 # Every driver point of the stream's protocol, killed alone the first, second and fourth time
 # it is reached (the first epoch; later ones, with the commits of earlier ones in flight).
+POINTS = ["after_write_results", *CRASH_POINTS]
 BATCHES, STREAMS = 30, 8
 """The random kills' streams: how many, and how many micro-batches each."""
-POINTS = [
-    "after_write_results",
-    "after_pre_commit",
-    "after_persist",
-    "before_commit",
-    "mid_commit",
-    "after_commit",
-    "after_mark_committed",
-]
 
 
 class Zygote:

@@ -7,7 +7,9 @@ environment): the demo end to end (a batch, its re-run skipped, a stream, read b
 row), a stream whose driver is SIGKILLed at the protocol's points, each restart on a new
 machine (new HOME, TMPDIR and working directory: only the checkpoint and the target
 survive), and on 3.5 the error that ``format("eosink")`` gives where Spark has no Python
-data sources.
+data sources, each other sink's stream killed, a stream upgraded from 3.5 to this line, and
+Spark Connect (a 3.5 server and client). The 3.5 environment has numpy<2 and pyarrow 25
+(``pyspark[connect]`` 3.5 requires numpy<2): what a 3.5 Connect user installs.
 """
 
 from __future__ import annotations
@@ -134,6 +136,57 @@ def test_a_stream_upgraded_from_3_5_to_this_line(tmp_path: Path) -> None:
     assert "SPARK 3.5.9" in job.logs[0] and "SPARK 3.5.9" not in job.logs[1], job.logs[1]
     assert "recovery commits checkpointed epoch 1" in job.logs[1], job.logs[1]
     _check(job, expected)
+
+
+CONNECT_35_JAR = "org.apache.spark:spark-connect_2.12:3.5.7"
+"""Spark 3.5's Connect server (pyspark 3.5 does not ship it): the newest 3.5 build the Maven
+Central mirror here serves (3.5.8 and 3.5.9 are refused); a 3.5 patch release runs another's
+Connect plugin."""
+
+
+def test_spark_connect_on_3_5(tmp_path: Path) -> None:
+    """Spark Connect on 3.5 (a server of pyspark 3.5.9 with the ``spark-connect_2.12`` jar, a
+    3.5.9 client): an ``eosink.run`` stream (its micro-batches in the server's ``foreachBatch``
+    worker) and a batch, run again (skipped), write every row exactly once, with the Python
+    writers (3.5's Connect has no ``Observation``, which the native path counts rows with);
+    ``format("eosink")`` is refused with the version and the alternative."""
+    from connect import ConnectJob, ConnectServer, run_client
+    from jvm import fetch
+    from test_connect import check_output
+
+    py = python_of("3.5.9")
+    jar = [j for j in fetch([CONNECT_35_JAR]) if j.name.startswith("spark-connect_2.12")]
+    with ConnectServer(tmp_path / "server", python=py, jars=jar) as server:
+        jobs = {}
+        for mode, front in (("stream", "run"), ("batch", "run"), ("batch", "format")):
+            d = tmp_path / f"{mode}-{front}"
+            d.mkdir()
+            metastore = f"sqlite:///{d / 'metastore.db'}"
+            jobs[mode, front] = ConnectJob(
+                server, d, mode, metastore, front=front, sink="file", partition_by="grp"
+            )
+        expected = {key: make_input(job.input, files=2, rows=20) for key, job in jobs.items()}
+        steps = [
+            jobs["stream", "run"].step(),
+            jobs["batch", "run"].step(),
+            jobs["batch", "run"].step(),
+            jobs["batch", "format"].step(),
+        ]
+        client = run_client(server.url, steps, tmp_path / "client.log", python=str(py))
+        log = server.log.read_text(errors="replace")
+    assert "CONNECTED 3.5.9" in client.log, client
+    assert [e["step"] for e in client.errors] == [3], client
+    said = client.errors[0]
+    assert said["eosink_class"] == "ConfigError" and "this is pyspark 3.5.9" in said["message"]
+    stream = client.result(0)
+    assert stream is not None and stream["committed_epochs"] == [0, 1], client
+    first, again = client.result(1)["batch"], client.result(2)["batch"]
+    assert first["committed"] and first["rows"] == 40 and first["figures"]["writer"] == "python"
+    assert again["skipped"] and again["rows"] == 0, again
+    for key in (("stream", "run"), ("batch", "run")):
+        check_output(jobs[key], expected[key])
+    assert not jobs["batch", "format"].out.exists()
+    assert "Running Spark version 3.5.9" in log, log[:3000]  # the server is 3.5 too
 
 
 def test_the_sql_sink_killed_on_3_5(tmp_path: Path) -> None:
