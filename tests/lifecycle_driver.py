@@ -1,7 +1,8 @@
 """A Spark-less driver of an ``eosink.run`` stream: the real lifecycle, a simulated Spark.
 
-``python tests/lifecycle_driver.py METASTORE_URL OUT CHECKPOINT BATCHES ROWS SINK_ID`` (or one
-run per line given to ``--zygote``: :func:`zygote`) runs the
+``python tests/lifecycle_driver.py METASTORE_URL OUT CHECKPOINT BATCHES ROWS SINK_ID [OPTIONS]``
+(``OPTIONS``: JSON of more file sink options, e.g. rolling ones; or one run per line given
+to ``--zygote``: :func:`zygote`) runs the
 stream of ``eosink.run(df, sink="file", sink_options={"path": OUT, "format": "parquet",
 "partition_by": "grp"}, checkpoint_location=CHECKPOINT)`` with everything of eosink real:
 :func:`eosink._setup.prepare_sink` and :func:`~eosink._setup.open_runtime` (validation, the
@@ -24,6 +25,7 @@ starts in well under a second, where a Spark driver takes 7-11 CPU-seconds
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from harness import GROUPS, payload
 
 from eosink._checkpoint import CheckpointDir
 from eosink._setup import open_runtime, prepare_sink
@@ -38,18 +41,19 @@ from eosink._stream import close_live, open_stream_batches
 from eosink._write import Written
 from eosink.testing import drive_writers
 
-GROUPS = ("a", "b", "c")
 SCHEMA = pa.schema([("id", pa.int64()), ("grp", pa.string()), ("payload", pa.string())])
 
 
 def batch_rows(batch_id: int, rows: int) -> pa.RecordBatch:
-    """Batch ``batch_id`` of the simulated source (the same at every replay)."""
+    """Batch ``batch_id`` of the simulated source (the same at every replay): the rows of
+    the crash tests' input file ``batch_id`` (``harness.make_input``: ids, their group, their
+    payload)."""
     ids = list(range(batch_id * rows, (batch_id + 1) * rows))
     return pa.record_batch(
         [
             pa.array(ids, pa.int64()),
             pa.array([GROUPS[i % len(GROUPS)] for i in ids]),
-            pa.array([f"payload-{i}" for i in ids]),
+            pa.array([payload(i) for i in ids]),
         ],
         SCHEMA,
     )
@@ -67,8 +71,20 @@ def _log_entry(ckpt: Path, log: str, batch_id: int, text: str) -> None:
     os.replace(tmp, final)
 
 
-def main(url: str, out: str, checkpoint: str, batches: int, rows: int, sink_id: str) -> None:
-    options = {"path": out, "format": "parquet", "partition_by": "grp"}
+def main(
+    url: str,
+    out: str,
+    checkpoint: str,
+    batches: int,
+    rows: int,
+    sink_id: str,
+    more: dict[str, Any] | None = None,
+) -> None:
+    """``more``: file sink options over the default (Parquet partitioned by ``grp``); a
+    None value removes one (``{"partition_by": None}``)."""
+    options: dict[str, Any] = {"path": out, "format": "parquet", "partition_by": "grp"}
+    options.update(more or {})
+    options = {k: v for k, v in options.items() if v is not None}
     setup = prepare_sink(
         "file",
         options,
@@ -115,7 +131,7 @@ def main(url: str, out: str, checkpoint: str, batches: int, rows: int, sink_id: 
 
 
 def _main(a: list[str]) -> None:
-    main(a[0], a[1], a[2], int(a[3]), int(a[4]), a[5])
+    main(a[0], a[1], a[2], int(a[3]), int(a[4]), a[5], json.loads(a[6]) if len(a) > 6 else None)
 
 
 def zygote() -> None:
@@ -125,7 +141,6 @@ def zygote() -> None:
     ``log``; this prints ``pid <pid>`` when it started and ``exit <code>`` when it ended
     (``-9``: killed). A forked driver costs a few milliseconds where a new interpreter
     costs about 0.9 s of imports; what it does after the fork is the same."""
-    import json
     import threading
     import traceback
 

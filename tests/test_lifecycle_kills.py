@@ -25,10 +25,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import metastore_for
-from harness import epoch_states, read_ids, record_coverage, staged_files
+from harness import GROUPS, Output, epoch_states, read_ids, record_coverage, staged_files
 
 from eosink.testing import CRASH_POINTS
 
@@ -122,9 +123,20 @@ def zygote() -> Iterator[Zygote]:
 class Driver:
     """The lifecycle driver's paths and runs."""
 
-    def __init__(self, zygote: Zygote, tmp: Path, batches: int, url: str = "") -> None:
+    mode = "stream"  # as harness.Job's, for the file sink's checks (expected_epochs...)
+
+    def __init__(
+        self,
+        zygote: Zygote,
+        tmp: Path,
+        batches: int,
+        url: str = "",
+        options: dict[str, Any] | None = None,
+    ) -> None:
         """``url``: the meta store (a SQLite file in ``tmp`` by default); the sink's id is
-        made of ``tmp`` (the tests of a worker share one PostgreSQL meta store)."""
+        made of ``tmp`` (the tests of a worker share one PostgreSQL meta store).
+        ``options``: more file sink options (tests/lifecycle_driver.py)."""
+        self.options = options
         self.zygote = zygote
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
@@ -146,10 +158,19 @@ class Driver:
             env["EOSINK_FAULT"] = fault
         argv = [self.url, str(self.out), str(self.checkpoint), str(self.batches), str(ROWS)]
         argv.append(self.sink_id)
+        if self.options:
+            argv.append(json.dumps(self.options))
         log = self.tmp / f"run-{self.runs}.log"
         code = self.zygote.run(argv, env, log, kill_after)
-        self.log = log.read_text()
+        self.log = log.read_text() if log.exists() else ""  # killed before it opened it
         return code
+
+    @property
+    def metastore(self) -> str:
+        return self.url
+
+    def output(self) -> Output:
+        return Output(self.out)
 
     def fired(self) -> list[str]:
         return sorted(p.name.split(".")[0] for p in self.marks.iterdir())
@@ -163,14 +184,15 @@ class Driver:
             for p in self.marks.iterdir()
         )
 
-    def kill_at(self, fault: str) -> None:
-        """Run armed with ``fault``; it must fire and kill the driver."""
+    def kill_at(self, fault: str, sink: str = "file") -> None:
+        """Run armed with ``fault``; it must fire and kill the driver. ``sink``: the fault
+        coverage table's (``rolling`` with rolling options)."""
         code = self.run(fault)
         point = fault.split("@")[0]
         assert code == -signal.SIGKILL and self.fired() == [point], (
             f"fault {fault}: exit {code}, fired {self.fired()}\n{self.log[-3000:]}"
         )
-        record_coverage("file", "run-stream", self.fired_sites())
+        record_coverage(sink, "run-stream", self.fired_sites())
 
     def finish(self) -> None:
         code = self.run()
@@ -242,7 +264,7 @@ def test_random_kills(
     kills = pending = 0  # pending: kills that left a PENDING epoch (inside the protocol)
     for stream in range(STREAMS):
         d = Driver(zygote, tmp_path / f"s{stream}", batches=BATCHES, url=url)
-        for _ in range(20):
+        for _ in range(8):
             code = d.run(kill_after=rng.uniform(0.0, whole * 0.6))
             assert code in (0, -signal.SIGKILL), d.log[-3000:]
             if code == 0:
@@ -256,3 +278,53 @@ def test_random_kills(
     # calibrating run is slow too), most of them with an epoch PENDING.
     assert kills >= STREAMS * 2, f"only {kills} kills landed"
     assert pending >= max(STREAMS, kills // 4), f"{pending} of {kills} kills left an epoch PENDING"
+
+
+# Files that span epochs (the rolling options), on local disk: each micro-batch appended to
+# its slot's in-progress JSON file (roll_after_part), the slot published every second
+# micro-batch; Parquet pieces merged when a slot rolls. As tests/test_file_rolling_crash.py's
+# local stream chains, plus random kills; the same checks (tests/test_file_rolling_crash.py's
+# check_output: every row once, whole files each named by one manifest, nothing staged).
+ROLLING = [
+    (
+        "json",
+        ["roll_after_part@2", "after_persist@2", "roll_before_publish", "roll_after_publish"],
+    ),
+    ("parquet", ["roll_mid_merge", "roll_before_drop", "roll_after_drop@2"]),
+]
+
+
+def _rolling(fmt: str) -> dict[str, Any]:
+    # Two micro-batches' rows of a group per file.
+    return {"format": fmt, "max_row_count": 2 * ROWS // len(GROUPS)}
+
+
+@pytest.mark.parametrize(
+    ("fmt", "chain"), ROLLING, ids=lambda v: v if isinstance(v, str) else "+".join(v)
+)
+def test_rolling_chain(zygote: Zygote, tmp_path: Path, fmt: str, chain: list[str]) -> None:
+    from test_file_rolling_crash import check_output
+
+    d = Driver(zygote, tmp_path / "stream", batches=3 + len(chain), options=_rolling(fmt))
+    for fault in chain:
+        d.kill_at(fault, sink="rolling")
+    d.finish()
+    check_output(d, list(range(d.batches * ROWS)), fmt, ROWS)  # type: ignore[arg-type]
+
+
+def test_rolling_random_kills(zygote: Zygote, tmp_path: Path) -> None:
+    from test_file_rolling_crash import check_output
+
+    rng = random.Random("20261128-rolling")
+    kills = 0
+    for stream, fmt in enumerate(["json", "parquet"] * 2):
+        d = Driver(zygote, tmp_path / f"s{stream}", batches=BATCHES, options=_rolling(fmt))
+        for _ in range(20):
+            code = d.run(kill_after=rng.uniform(0.0, 0.5))
+            assert code in (0, -signal.SIGKILL), d.log[-3000:]
+            if code == 0:
+                break
+            kills += 1
+        d.finish()
+        check_output(d, list(range(d.batches * ROWS)), fmt, ROWS)  # type: ignore[arg-type]
+    assert kills >= 8, f"only {kills} kills landed"
