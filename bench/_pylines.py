@@ -39,29 +39,28 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-# What a line's pyspark needs at another version than the main environment's, and the bound
-# that then holds instead: pyspark 3.5's Connect client (``pyspark[connect]``) requires
-# numpy<2, and pyarrow 26 (the lock's) requires numpy>=2 (25 is the newest that imports with
-# numpy 1.26).
-_LINE_NOT_PINNED = {"3.5.": {"numpy", "pyarrow"}}
-_LINE_BOUNDS = {"3.5.": ["pyarrow<26"]}
+# What a line's pyspark needs at another version than the main environment's (not pinned),
+# and the bounds that hold instead: pyspark 3.5's Connect client (``pyspark[connect]``)
+# requires numpy<2, and pyarrow 26 (the lock's) requires numpy>=2 (25 is the newest that
+# imports with numpy 1.26).
+_LINES: dict[str, tuple[set[str], list[str]]] = {"3.5.": ({"numpy", "pyarrow"}, ["pyarrow<26"])}
 
 
 def _constraints(pyspark: str = "") -> list[str]:
     """``name==version`` of every distribution of the main environment but pyspark's own,
-    this checkout's and those the ``pyspark`` line needs at another version."""
-    skip = set(_NOT_PINNED)
-    bounds: list[str] = []
-    for prefix, names in _LINE_NOT_PINNED.items():
+    this checkout's and those the ``pyspark`` line needs at another version (with that
+    line's bounds instead)."""
+    unpinned, bounds = set(_NOT_PINNED), []
+    for prefix, (names, line_bounds) in _LINES.items():
         if pyspark.startswith(prefix):
-            skip |= names
-            bounds += _LINE_BOUNDS.get(prefix, [])
-    seen: dict[str, str] = {b: b for b in bounds}
+            unpinned |= names
+            bounds += line_bounds
+    seen: dict[str, str] = {}
     for dist in md.distributions():
         name = dist.metadata["Name"]
-        if name and _norm(name) not in skip:
+        if name and _norm(name) not in unpinned:
             seen.setdefault(_norm(name), f"{name}=={dist.version}")
-    return sorted(seen.values())
+    return sorted([*seen.values(), *bounds])
 
 
 EXTRAS = "s3,postgres,sql,iceberg,kafka,charts,connect"

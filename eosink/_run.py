@@ -23,7 +23,7 @@ from ._restart import RestartPolicy
 from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import spark_master
-from ._stream import close_live, open_stream_batches, write_or_discard
+from ._stream import open_stream_batches, write_or_discard
 from .errors import ConfigError
 from .registry import get_sink
 
@@ -262,7 +262,7 @@ def _start_stream(
         query = writer.start()
     except BaseException:
         if batches.live is not None:
-            close_live(batches.live, stopped=False)
+            batches.live.stop_threads()
         raise
     if ckpt.connect:
         runtime.close()

@@ -170,6 +170,14 @@ class _Live:
     """How a micro-batch's data becomes the epoch's write results: Spark's tasks. (The
     Spark-less crash driver, tests/lifecycle_driver.py, runs the same writers in-process.)"""
 
+    def stop_threads(self) -> None:
+        """Stop the roller and close the committer (a query that failed to start: the
+        caller closes the coordinator)."""
+        if self.roller is not None:
+            self.roller.stop()
+        if self.committer is not None:
+            self.committer.close()
+
 
 class Roller:
     """Publishes a rolling sink's open files that are due by time (rollover, inactivity)
@@ -352,35 +360,30 @@ def open_stream_batches(
     return batches, base, first
 
 
-def close_live(live: _Live, *, stopped: bool = True) -> None:
+def close_live(live: _Live) -> None:
     """The end of a classic session's stream, once Spark's query ended: commit what Spark
     checkpointed (epochs it did not checkpoint stay PENDING: the next start aborts and
-    rewrites them), publish the rows still in open files, close the coordinator.
-
-    ``stopped=False``: the query failed to start: only stop the threads and close."""
-    sid = live.runtime.sink_id
+    rewrites them), publish the rows still in open files, close the coordinator."""
     if live.roller is not None:
         live.roller.stop()
     committer = live.committer
     try:
-        if committer is not None and stopped:
+        if committer is not None:
             committer.drain(until_checkpointed=True)
             left = committer.outstanding()
             if left:
                 log.info(
                     "sink %s: %d epoch(s) not checkpointed by Spark stay PENDING; the next "
                     "start aborts and rewrites them",
-                    sid,
+                    live.runtime.sink_id,
                     left,
                 )
-        if stopped:
-            live.runtime.roll(everything=True)  # a stopped stream leaves no rows waiting
+        live.runtime.roll(everything=True)  # a stopped stream leaves no rows waiting
     finally:
         if committer is not None:
             committer.close()
-        if stopped:
-            live.runtime.close()
-            live.runtime.store.close()
+        live.runtime.close()
+        live.runtime.store.close()
 
 
 def finish_stream(settings: StreamSettings, first_epoch: int) -> list[EpochFigures]:

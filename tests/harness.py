@@ -274,6 +274,20 @@ def record_coverage(sink: str, front: str, points: list[str]) -> None:
             fh.write("\n")
 
 
+def fired_points(marks: Path) -> list[str]:
+    """The fault points whose marks are in ``marks`` (``EOSINK_FAULT_MARK``)."""
+    return sorted(p.name.split(".")[0] for p in marks.iterdir())
+
+
+def fired_sites(marks: Path) -> list[str]:
+    """The same, each as ``point:site`` where the point names its site (the mark holds it)."""
+    out = []
+    for p in marks.iterdir():
+        site = p.read_text().strip()
+        out.append(f"{p.name.split('.')[0]}:{site}" if site else p.name.split(".")[0])
+    return sorted(out)
+
+
 class Job:
     """One driver program (tests/crashjob.py) with its paths."""
 
@@ -566,16 +580,12 @@ class Job:
 
     def fired(self) -> list[str]:
         """The fault points that killed a process during the last run."""
-        return sorted(p.name.split(".")[0] for p in self.marks.iterdir())
+        return fired_points(self.marks)
 
     def fired_sites(self) -> list[str]:
         """The fault points that fired in the last run, each as ``point:site`` where the
         point names its site (``mid_commit:held``), else ``point``."""
-        out = []
-        for p in self.marks.iterdir():
-            site = p.read_text().strip()
-            out.append(f"{p.name.split('.')[0]}:{site}" if site else p.name.split(".")[0])
-        return sorted(out)
+        return fired_sites(self.marks)
 
     def assert_fired(self, fault: str, code: int | None = None) -> None:
         """The last run reached ``fault`` (``point`` or ``point@N``) and nothing else; a
