@@ -30,9 +30,11 @@ import os
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from harness import GROUPS, payload
 
 from eosink._checkpoint import CheckpointDir
@@ -59,6 +61,26 @@ def batch_rows(batch_id: int, rows: int) -> pa.RecordBatch:
     )
 
 
+def _source(input_dir: str | None, op: bool) -> Callable[[int, int], pa.RecordBatch]:
+    """Batch ``b`` of ``rows`` rows: :func:`batch_rows`, or the ``b``-th file of
+    ``input_dir``; with ``op``, an ``op`` column added."""
+    files = sorted(Path(input_dir).glob("*.parquet")) if input_dir else []
+
+    def read(b: int, rows: int) -> pa.RecordBatch:
+        if not input_dir:
+            data = batch_rows(b, rows)
+        else:
+            table = pq.read_table(files[b]).combine_chunks()
+            [data] = table.to_batches() or [pa.RecordBatch.from_pylist([], table.schema)]
+        if op:
+            ids = data.column("id").to_pylist()
+            ops = pa.array(["d" if i % 7 == 0 else "u" for i in ids])
+            data = pa.RecordBatch.from_arrays([*data.columns, ops], names=[*data.schema.names, "op"])
+        return data
+
+    return read
+
+
 def _log_entry(ckpt: Path, log: str, batch_id: int, text: str) -> None:
     """Spark's HDFSMetadataLog: a temporary file renamed into ``<log>/<batch_id>``."""
     d = ckpt / log
@@ -80,18 +102,31 @@ def main(
     sink_id: str,
     more: dict[str, Any] | None = None,
 ) -> None:
-    """``more``: file sink options over the default (Parquet partitioned by ``grp``); a
-    None value removes one (``{"partition_by": None}``)."""
-    options: dict[str, Any] = {"path": out, "format": "parquet", "partition_by": "grp"}
-    options.update(more or {})
+    """``more``: sink options over the file sink's defaults (Parquet partitioned by ``grp``
+    in ``out``); a None value removes one (``{"partition_by": None}``). Four keys are the
+    driver's own: ``sink`` (another sink than the file sink: its options are ``more``
+    alone), ``tasks`` (how many writers share a micro-batch's rows, as Spark's tasks would;
+    1 by default), ``input`` (a directory of Parquet files, the ``b``-th in name order being batch
+    ``b``: tests/harness.py's ``make_cdc_input``) and ``op_column`` (given ``"op"``, a
+    column ``op`` is added, ``"d"`` for every 7th id, ``"u"`` otherwise, as
+    tests/crashjob.py adds it; it is a sink option too)."""
+    more = dict(more or {})
+    sink = more.pop("sink", "file")
+    tasks = int(more.pop("tasks", 1))
+    source = _source(more.pop("input", None), more.get("op_column") == "op")
+    options: dict[str, Any] = (
+        {"path": out, "format": "parquet", "partition_by": "grp"} if sink == "file" else {}
+    )
+    options.update(more)
     options = {k: v for k, v in options.items() if v is not None}
+    schema = source(0, rows).schema
     setup = prepare_sink(
-        "file",
+        sink,
         options,
         streaming=True,
         sink_id=sink_id,
         metastore_url=url,
-        schema=SCHEMA,
+        schema=schema,
         checkpoint_location=checkpoint,
         master=lambda: "local[1]",
     )
@@ -108,10 +143,12 @@ def main(
 
     def write(batch: Any, ep: Any) -> Written:
         t0 = time.perf_counter()
-        data = batch_rows(int(batch), rows)
+        data = source(int(batch), rows)
+        step = -(-data.num_rows // tasks) or 1
+        parts = [[data.slice(i, step)] for i in range(0, max(data.num_rows, 1), step)]
         try:
             results = drive_writers(
-                setup.plugin, setup.options, setup.sink_id, ep.epoch, [[data]], ep.setup(SCHEMA)
+                setup.plugin, setup.options, setup.sink_id, ep.epoch, parts, ep.setup(schema)
             )
         except BaseException:
             ep.discard()
@@ -148,8 +185,11 @@ def zygote() -> None:
     from eosink.registry import get_sink
 
     # What a driver would import on its way: the plugins (entry points), pandas (pyarrow's
-    # conversion of Python lists), Alembic (the meta store's migrations).
+    # conversion of Python lists), Alembic (the meta store's migrations), PostgreSQL's driver.
     get_sink("file")
+    get_sink("sql")
+    import psycopg
+    import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
     batch_rows(0, 1)
     import alembic.command
     import alembic.runtime.migration  # noqa: F401

@@ -311,3 +311,112 @@ def test_rolling_random_kills(zygote: Zygote, tmp_path: Path) -> None:
         d.finish()
         check_output(d, list(range(d.batches * ROWS)), fmt, ROWS)  # type: ignore[arg-type]
     assert kills >= 8, f"only {kills} kills landed"
+
+
+# The sql sink's stream (tests/test_sql_crash.py's jobs, their checks): a table on PostgreSQL
+# (phase 1 holds each epoch's transaction open for the commit: ``mid_commit:held``; a
+# restart's recovery commits anew: ``mid_commit:fresh``) and on SQLite; appends, and the
+# change stream (upserts by ``grp``, every 7th id a delete) over harness's change files.
+SQL_CHAINS = [
+    ["after_write_results@2", "after_persist@2", "before_commit@2", "mid_commit"],
+    ["mid_commit@2", "after_commit@2"],
+    ["after_persist@3", "recovery_before_abort", "mid_abort", "recovery_before_finish_abort"],
+]
+SQL_CDC_CHAIN = ["after_persist@2", "mid_commit@3", "after_commit@1"]
+
+
+@pytest.fixture
+def pg_target() -> Iterator[str]:
+    from conftest import create_pg_database, drop_pg_database
+
+    url = create_pg_database()
+    yield url
+    drop_pg_database(url)
+
+
+def _sql(zygote: Zygote, tmp: Path, url: str, batches: int, cdc: bool = False) -> Driver:
+    """A driver of the sql sink's stream into ``url`` (as test_sql_crash's ``sql_job``);
+    ``cdc``: its change stream over ``batches`` change files."""
+    from harness import make_cdc_input
+    from test_sql_crash import SCHEMA, TABLE
+
+    opts: dict[str, Any] = {
+        "sink": "sql",
+        "url": url,
+        "table": TABLE,
+        "create_table": True,
+        "staging_schema": SCHEMA,
+        "tasks": 2,  # two staging tables an epoch (mid_abort fires between their drops)
+    }
+    if cdc:
+        make_cdc_input(tmp / "input", files=batches, rows=ROWS)
+        opts |= {"input": str(tmp / "input"), "mode": "upsert", "keys": ["grp"]}
+        opts |= {"order_by": "id", "op_column": "op"}
+    return Driver(zygote, tmp, batches=batches, options=opts)
+
+
+def _sql_check(d: Driver, url: str, cdc: bool = False) -> None:
+    """test_sql_crash's check: the table row by row (appends: every id once; the change
+    stream: the input's final state), nothing staged, each epoch COMMITTED in the meta store
+    and once, in order, in the target's own record."""
+    from harness import cdc_state, payload
+    from test_sql_crash import _check
+
+    if cdc:
+        expected = cdc_state(d.tmp / "input")
+    else:
+        expected = [(i, GROUPS[i % len(GROUPS)], payload(i)) for i in range(d.batches * ROWS)]
+    _check(d, url, expected)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chain", SQL_CHAINS, ids=lambda c: "+".join(c))
+def test_sql_chain(zygote: Zygote, tmp_path: Path, pg_target: str, chain: list[str]) -> None:
+    d = _sql(zygote, tmp_path / "stream", pg_target, batches=3 + len(chain))
+    for fault in chain:
+        d.kill_at(fault, sink="sql-pg")
+    d.finish()
+    _sql_check(d, pg_target)
+
+
+def test_sql_sqlite_target_chain(zygote: Zygote, tmp_path: Path) -> None:
+    """A SQLite target: nothing held from phase 1, a commit runs the epoch's statements."""
+    url = f"sqlite:///{tmp_path / 'target.sqlite'}"
+    d = _sql(zygote, tmp_path / "stream", url, batches=6)
+    for fault in ["after_persist@2", "mid_commit@2", "mid_commit", "after_commit@2"]:
+        d.kill_at(fault, sink="sql-sqlite")
+    d.finish()
+    _sql_check(d, url)
+
+
+def test_sql_cdc_chain(zygote: Zygote, tmp_path: Path, pg_target: str) -> None:
+    d = _sql(zygote, tmp_path / "stream", pg_target, batches=5, cdc=True)
+    for fault in SQL_CDC_CHAIN:
+        d.kill_at(fault, sink="sql-pg")
+    d.finish()
+    _sql_check(d, pg_target, cdc=True)
+
+
+def test_sql_cdc_random_kills(zygote: Zygote, tmp_path: Path) -> None:
+    """The change stream killed at random instants, again and again, then let finish:
+    a lost, repeated or reordered epoch changes the final table or the target's record.
+    Each stream has a database of its own."""
+    from conftest import create_pg_database, drop_pg_database
+
+    rng = random.Random("20261129-sql-cdc")
+    kills = 0
+    for stream in range(3):
+        url = create_pg_database()
+        try:
+            d = _sql(zygote, tmp_path / f"s{stream}", url, batches=12, cdc=True)
+            for _ in range(10):
+                code = d.run(kill_after=rng.uniform(0.0, 1.0))
+                assert code in (0, -signal.SIGKILL), d.log[-3000:]
+                if code == 0:
+                    break
+                kills += 1
+            d.finish()
+            _sql_check(d, url, cdc=True)
+        finally:
+            drop_pg_database(url)
+    print(f"{kills} kills")
+    assert kills >= 6, f"only {kills} kills landed"
