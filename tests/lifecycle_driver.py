@@ -29,8 +29,8 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -75,8 +75,30 @@ def _source(input_dir: str | None, op: bool) -> Callable[[int, int], pa.RecordBa
         if op:
             ids = data.column("id").to_pylist()
             ops = pa.array(["d" if i % 7 == 0 else "u" for i in ids])
-            data = pa.RecordBatch.from_arrays([*data.columns, ops], names=[*data.schema.names, "op"])
+            data = pa.RecordBatch.from_arrays(
+                [*data.columns, ops], names=[*data.schema.names, "op"]
+            )
         return data
+
+    return read
+
+
+def _as_kafka_rows(
+    source: Callable[[int, int], pa.RecordBatch],
+) -> Callable[[int, int], pa.RecordBatch]:
+    """The kafka sink's columns, as tests/crashjob.py makes them: ``key`` the row's group,
+    ``value`` the row as JSON."""
+
+    def read(b: int, rows: int) -> pa.RecordBatch:
+        data = source(b, rows)
+        recs = data.to_pylist()
+        return pa.record_batch(
+            [
+                pa.array([r["grp"] for r in recs], pa.string()),
+                pa.array([json.dumps(r, separators=(",", ":")) for r in recs], pa.string()),
+            ],
+            names=["key", "value"],
+        )
 
     return read
 
@@ -103,22 +125,27 @@ def main(
     more: dict[str, Any] | None = None,
 ) -> None:
     """``more``: sink options over the file sink's defaults (Parquet partitioned by ``grp``
-    in ``out``); a None value removes one (``{"partition_by": None}``). Four keys are the
+    in ``out``); a None value removes one (``{"partition_by": None}``). Five keys are the
     driver's own: ``sink`` (another sink than the file sink: its options are ``more``
     alone), ``tasks`` (how many writers share a micro-batch's rows, as Spark's tasks would;
-    1 by default), ``input`` (a directory of Parquet files, the ``b``-th in name order being batch
+    1 by default), ``kafka_rows`` (true: the kafka sink's ``key`` and ``value`` columns
+    made of the rows, one key's rows in one task, as tests/crashjob.py makes them),
+    ``input`` (a directory of Parquet files, the ``b``-th in name order being batch
     ``b``: tests/harness.py's ``make_cdc_input``) and ``op_column`` (given ``"op"``, a
     column ``op`` is added, ``"d"`` for every 7th id, ``"u"`` otherwise, as
     tests/crashjob.py adds it; it is a sink option too)."""
     more = dict(more or {})
     sink = more.pop("sink", "file")
     tasks = int(more.pop("tasks", 1))
+    kafka_rows = bool(more.pop("kafka_rows", False))
     source = _source(more.pop("input", None), more.get("op_column") == "op")
     options: dict[str, Any] = (
         {"path": out, "format": "parquet", "partition_by": "grp"} if sink == "file" else {}
     )
     options.update(more)
     options = {k: v for k, v in options.items() if v is not None}
+    if kafka_rows:
+        source = _as_kafka_rows(source)
     schema = source(0, rows).schema
     setup = prepare_sink(
         sink,
@@ -144,8 +171,15 @@ def main(
     def write(batch: Any, ep: Any) -> Written:
         t0 = time.perf_counter()
         data = source(int(batch), rows)
-        step = -(-data.num_rows // tasks) or 1
-        parts = [[data.slice(i, step)] for i in range(0, max(data.num_rows, 1), step)]
+        if kafka_rows:  # one key's rows in one task (Spark's repartition(tasks, "grp"))
+            keys = data.column("key").to_pylist()
+            parts = [
+                [data.filter(pa.array([GROUPS.index(k) % tasks == t for k in keys]))]
+                for t in range(tasks)
+            ]
+        else:
+            step = -(-data.num_rows // tasks) or 1
+            parts = [[data.slice(i, step)] for i in range(0, max(data.num_rows, 1), step)]
         try:
             results = drive_writers(
                 setup.plugin, setup.options, setup.sink_id, ep.epoch, parts, ep.setup(schema)
@@ -188,8 +222,11 @@ def zygote() -> None:
     # conversion of Python lists), Alembic (the meta store's migrations), PostgreSQL's driver.
     get_sink("file")
     get_sink("sql")
-    import psycopg
+    get_sink("kafka")
+    import confluent_kafka  # noqa: F401
+    import psycopg  # noqa: F401
     import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401
+
     batch_rows(0, 1)
     import alembic.command
     import alembic.runtime.migration  # noqa: F401

@@ -45,20 +45,11 @@ pytestmark = pytest.mark.crash
 
 ROWS = 60  # rows per input file: one file per micro-batch
 
-# Stream chains (epochs 0..): each run dies at its point, the next recovers first. The
-# core's points are proven once per front end (tests/test_crash.py, the fault coverage
-# table); these are the sink's own, with the core points that change what its recovery finds.
-STREAM_FAULTS = [
-    # A chunk produced and flushed, not committed (an open transaction the next start
-    # aborts; the next run dies right after the first id of the pool is fenced, the others
-    # fenced or not: they are fenced in parallel), then between the chunks of a slot, then
-    # after the whole commit.
-    ["kafka_before_commit@3", "kafka_after_init", "mid_commit@2", "after_commit@2"],
-    # Crashes inside recovery's abort: epoch 2 persisted, not checkpointed; each restart
-    # finds it still to abort and dies at the next point of that abort (before the plugin's
-    # abort, inside it between the staged files it deletes, before the row goes).
-    ["after_persist@3", "recovery_before_abort", "mid_abort", "recovery_before_finish_abort"],
-]
+# The eosink.run stream's chains (a chunk's transaction left open, kills between the chunks
+# of a slot and after the commit; kills inside recovery's abort) and random kills of its
+# stream run in tests/test_lifecycle_kills.py, whose driver runs the stream's real
+# lifecycle without Spark, against this broker, checked by check_topic below. Here: what
+# needs Spark (its tasks, format("eosink"), a batch job's executors and staging).
 # A format("eosink") stream and batch (the commit runs in Spark's Python data source worker:
 # the whole driver is killed there).
 DS_FAULTS = [["mid_commit@2"]]
@@ -75,7 +66,7 @@ BATCH_FAULTS = [
 # Chains that leave an open transaction with flushed records behind (kafka_before_commit;
 # kafka_mid_produce's records may still be in the producer's buffer when it dies):
 # read_uncommitted must see its records.
-LEAVES_ABORTED = [STREAM_FAULTS[0], BATCH_FAULTS[1]]
+LEAVES_ABORTED = [BATCH_FAULTS[1]]
 
 
 def _cases(matrix: list[list[str]]) -> list[Any]:
@@ -144,21 +135,6 @@ def check_topic(
     assert sorted(states.get("COMMITTED", [])) == expected_epochs(job), states
     assert "PENDING" not in states and "ABORTED" not in states, states
     return [int(json.loads(r.value)["id"]) for r in extra if r.value is not None]
-
-
-@pytest.mark.parametrize(("store", "faults"), _cases(STREAM_FAULTS))
-def test_kafka_stream_crash(
-    request: pytest.FixtureRequest, kafka: Any, tmp_path: Path, store: str, faults: list[str]
-) -> None:
-    job, _ = kafka_job(kafka, tmp_path, "stream", metastore_for(store, request, tmp_path))
-    expected = make_input(job.input, files=4, rows=ROWS)
-    crash_chain(job, faults)
-    check_topic(job, expected, aborted=faults in LEAVES_ABORTED, per_epoch=ROWS)
-    if faults == STREAM_FAULTS[0] and store == "sqlite":
-        # Kafka's own Java console consumer, read_committed: the aborted transaction's
-        # records are skipped, every committed one is there once.
-        values = kafka.console_consume(job.sink_options["topic"], "read_committed")
-        assert sorted(int(json.loads(v)["id"]) for v in values) == expected
 
 
 @pytest.mark.parametrize("faults", DS_FAULTS, ids=lambda f: "+".join(f))

@@ -23,13 +23,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import metastore_for
-from harness import GROUPS, Output, epoch_states, fired_points, fired_sites, record_coverage
+from harness import GROUPS, Job, Output, epoch_states, fired_points, fired_sites, record_coverage
 
 from eosink.testing import CRASH_POINTS
 
@@ -132,11 +132,14 @@ class Driver:
         batches: int,
         url: str = "",
         options: dict[str, Any] | None = None,
+        rows: int = ROWS,
     ) -> None:
         """``url``: the meta store (a SQLite file in ``tmp`` by default); the sink's id is
         made of ``tmp`` (the tests of a worker share one PostgreSQL meta store).
-        ``options``: more file sink options (tests/lifecycle_driver.py)."""
+        ``options``: more file sink options (tests/lifecycle_driver.py). ``rows``: each
+        micro-batch's."""
         self.options = options
+        self.rows = rows  # a micro-batch's
         self.zygote = zygote
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
@@ -156,7 +159,7 @@ class Driver:
         env = {"EOSINK_FAULT_MARK": str(self.marks)}
         if fault:
             env["EOSINK_FAULT"] = fault
-        argv = [self.url, str(self.out), str(self.checkpoint), str(self.batches), str(ROWS)]
+        argv = [self.url, str(self.out), str(self.checkpoint), str(self.batches), str(self.rows)]
         argv.append(self.sink_id)
         if self.options:
             argv.append(json.dumps(self.options))
@@ -168,6 +171,14 @@ class Driver:
     @property
     def metastore(self) -> str:
         return self.url
+
+    metastore_url = metastore
+
+    @property
+    def sink_options(self) -> dict[str, Any]:
+        return self.options or {}
+
+    kafka_staged = Job.kafka_staged  # what the kafka sink left staged (its options' place)
 
     def output(self) -> Output:
         return Output(self.out)
@@ -313,6 +324,36 @@ def test_rolling_random_kills(zygote: Zygote, tmp_path: Path) -> None:
     assert kills >= 8, f"only {kills} kills landed"
 
 
+def _random_kills(
+    new: Callable[[str], Driver],
+    rng: random.Random,
+    check: Callable[[Driver], None],
+    streams: int = 3,
+) -> None:
+    """Streams (``new(name)``) killed at random instants, again and again (each restart
+    recovering from the previous kill), then let finish and checked (``check``). The
+    instants are drawn within 60 % of how long an uninterrupted stream takes here (the first
+    one, checked too); at least two kills a stream must land."""
+    d = new("whole")
+    t0 = time.perf_counter()
+    d.finish()
+    whole = time.perf_counter() - t0
+    check(d)
+    kills = 0
+    for n in range(streams):
+        d = new(f"s{n}")
+        for _ in range(10):
+            code = d.run(kill_after=rng.uniform(0.0, whole * 0.6))
+            assert code in (0, -signal.SIGKILL), d.log[-3000:]
+            if code == 0:
+                break
+            kills += 1
+        d.finish()
+        check(d)
+    print(f"{kills} kills in {streams} streams (an uninterrupted one: {whole:.1f} s)")
+    assert kills >= 2 * streams, f"only {kills} kills landed"
+
+
 # The sql sink's stream (tests/test_sql_crash.py's jobs, their checks): a table on PostgreSQL
 # (phase 1 holds each epoch's transaction open for the commit: ``mid_commit:held``; a
 # restart's recovery commits anew: ``mid_commit:fresh``) and on SQLite; appends, and the
@@ -402,21 +443,69 @@ def test_sql_cdc_random_kills(zygote: Zygote, tmp_path: Path) -> None:
     Each stream has a database of its own."""
     from conftest import create_pg_database, drop_pg_database
 
-    rng = random.Random("20261129-sql-cdc")
-    kills = 0
-    for stream in range(3):
-        url = create_pg_database()
-        try:
-            d = _sql(zygote, tmp_path / f"s{stream}", url, batches=12, cdc=True)
-            for _ in range(10):
-                code = d.run(kill_after=rng.uniform(0.0, 1.0))
-                assert code in (0, -signal.SIGKILL), d.log[-3000:]
-                if code == 0:
-                    break
-                kills += 1
-            d.finish()
-            _sql_check(d, url, cdc=True)
-        finally:
+    urls: list[str] = []
+
+    def stream(name: str) -> Driver:
+        urls.append(create_pg_database())
+        return _sql(zygote, tmp_path / name, urls[-1], batches=12, cdc=True)
+
+    try:
+        _random_kills(
+            stream, random.Random("20261129-sql-cdc"), lambda d: _sql_check(d, urls[-1], cdc=True)
+        )
+    finally:
+        for url in urls:
             drop_pg_database(url)
-    print(f"{kills} kills")
-    assert kills >= 6, f"only {kills} kills landed"
+
+
+# The kafka sink's stream (tests/test_kafka_crash.py's jobs and checks: key = the row's group,
+# value = the row as JSON, one key's rows in one of 3 tasks; small chunks, so that several
+# transactions make up one slot's epoch): a plain read_committed consumer must read every id
+# once, in order per key and epoch; read_uncommitted sees the aborted transaction a kill
+# left open; nothing left staged.
+KAFKA_CHAINS = [
+    # A chunk produced and flushed, not committed (an open transaction the next start
+    # aborts; the next run dies right after the first id of the pool is fenced), then
+    # between the chunks of a slot, then after the whole commit.
+    ["kafka_before_commit@3", "kafka_after_init", "mid_commit@2", "after_commit@2"],
+    # Inside recovery's abort: epoch 2 persisted, not checkpointed.
+    ["after_persist@3", "recovery_before_abort", "mid_abort", "recovery_before_finish_abort"],
+]
+KAFKA_ROWS = 60
+
+
+def _kafka(zygote: Zygote, kafka: Any, tmp: Path, batches: int) -> Driver:
+    from harness import kafka_sink_options
+
+    opts = kafka_sink_options(kafka, tmp, "lifecycle", chunk_bytes=1024)
+    opts |= {"sink": "kafka", "kafka_rows": True, "tasks": 3}
+    # 60 rows a micro-batch: a slot's epoch spans two or more chunks (transactions).
+    return Driver(zygote, tmp, batches=batches, options=opts, rows=KAFKA_ROWS)
+
+
+@pytest.mark.parametrize("chain", KAFKA_CHAINS, ids=lambda c: "+".join(c))
+def test_kafka_chain(zygote: Zygote, kafka: Any, tmp_path: Path, chain: list[str]) -> None:
+    from test_kafka_crash import check_topic
+
+    d = _kafka(zygote, kafka, tmp_path / "stream", batches=3 + len(chain))
+    for fault in chain:
+        d.kill_at(fault, sink="kafka")
+    d.finish()
+    expected = list(range(d.batches * KAFKA_ROWS))
+    check_topic(d, expected, aborted=chain is KAFKA_CHAINS[0], per_epoch=KAFKA_ROWS)  # type: ignore[arg-type]
+    if chain is KAFKA_CHAINS[0]:
+        # Kafka's own Java console consumer, read_committed: the aborted transaction's
+        # records are skipped, every committed one is there once.
+        values = kafka.console_consume(d.sink_options["topic"], "read_committed")
+        assert sorted(int(json.loads(v)["id"]) for v in values) == expected
+
+
+def test_kafka_random_kills(zygote: Zygote, kafka: Any, tmp_path: Path) -> None:
+    """The kafka sink's stream killed at random instants, again and again, then let finish."""
+    from test_kafka_crash import check_topic
+
+    _random_kills(
+        lambda name: _kafka(zygote, kafka, tmp_path / name, batches=12),
+        random.Random("20261129-kafka"),
+        lambda d: check_topic(d, list(range(d.batches * KAFKA_ROWS)), per_epoch=KAFKA_ROWS),  # type: ignore[arg-type]
+    )
