@@ -9,21 +9,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
-
-import pyarrow as pa
 
 from . import _spark_version
 from ._checkpoint import CheckpointDir
 from ._handles import BatchResult, StreamingHandle
 from ._logs import default_logging
 from ._metastore import MetaStore
-from ._protocol import EpochFigures, SinkRuntime
+from ._protocol import Epoch, EpochFigures, SinkRuntime
 from ._restart import RestartPolicy
 from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import spark_master
 from ._stream import open_stream_batches, write_or_discard
+from ._write import Written
 from .errors import ConfigError
 from .registry import get_sink
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eosink")
 
-__all__ = ["CommitMode", "run"]
+__all__ = ["CommitMode", "run", "run_batch"]
 
 CommitMode = Literal["after_checkpoint", "inline"]
 DEFAULT_RESTART = RestartPolicy()
@@ -162,7 +162,7 @@ def run(
         runtime = open_runtime(setup)
         try:
             _warn_if_unfenced(df, runtime.store, setup.sink_id)
-            return _run_batch(df, runtime, schema, setup.epoch)
+            return run_batch(runtime, setup.epoch, lambda ep: write_or_discard(df, ep, schema))
         finally:
             runtime.close()
             runtime.store.close()
@@ -196,17 +196,21 @@ def run(
     return handle
 
 
-def _run_batch(
-    df: DataFrame, runtime: SinkRuntime, schema: pa.Schema, epoch: int | None
+def run_batch(
+    runtime: SinkRuntime, epoch: int | None, write: Callable[[Epoch], Written]
 ) -> BatchResult:
-    result = _batch_epoch(df, runtime, schema, epoch)
+    """A batch run's lifecycle on an open runtime: the epoch decided (recovered, skipped as
+    committed, or written), ``write`` (Spark's tasks for ``eosink.run``: it returns the
+    epoch's write results, or discards the epoch and raises), phase 1, the commit, then
+    every open file rolled and the run's end recorded. The caller closes the runtime."""
+    result = _batch_epoch(runtime, epoch, write)
     rolled = runtime.roll(everything=True)  # a batch run leaves no rows in open files
     runtime.run_returned(result.epoch)
     return dataclasses.replace(result, files=result.files + rolled) if rolled else result
 
 
 def _batch_epoch(
-    df: DataFrame, runtime: SinkRuntime, schema: pa.Schema, epoch: int | None
+    runtime: SinkRuntime, epoch: int | None, write: Callable[[Epoch], Written]
 ) -> BatchResult:
     sid = runtime.sink_id
     ep = runtime.batch_epoch(epoch)
@@ -219,7 +223,7 @@ def _batch_epoch(
         log.info("sink %s epoch %d: already committed; nothing to do", sid, e)
         return BatchResult(sid, e, 0, 0, committed=True, skipped=True)
     log.info("sink %s epoch %d: writing batch DataFrame", sid, e)
-    w = write_or_discard(df, ep, schema)
+    w = write(ep)
     fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
     # A batch job has no Spark checkpoint: the durable PENDING row plays that role.
     ep.commit()

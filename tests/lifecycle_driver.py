@@ -1,17 +1,19 @@
-"""A Spark-less driver of an ``eosink.run`` stream: the real lifecycle, a simulated Spark.
+"""A Spark-less driver of ``eosink.run``: the real lifecycle, a simulated Spark.
 
 ``python tests/lifecycle_driver.py METASTORE_URL OUT CHECKPOINT BATCHES ROWS SINK_ID [OPTIONS]``
-(``OPTIONS``: JSON of more file sink options, e.g. rolling ones; or one run per line given
-to ``--zygote``: :func:`zygote`) runs the
-stream of ``eosink.run(df, sink="file", sink_options={"path": OUT, "format": "parquet",
+(``OPTIONS``: JSON of sink options and of the driver's own keys, :func:`main`; or one run per
+line given to ``--zygote``: :func:`zygote`) runs, by default, the stream of
+``eosink.run(df, sink="file", sink_options={"path": OUT, "format": "parquet",
 "partition_by": "grp"}, checkpoint_location=CHECKPOINT)`` with everything of eosink real:
 :func:`eosink._setup.prepare_sink` and :func:`~eosink._setup.open_runtime` (validation, the
 sink acquired in the meta store), :func:`eosink._stream.open_stream_batches` (the one place
 that orders a stream's start: lineage, recovery, rebase, the held decision),
 :class:`~eosink._stream.StreamBatches` (each micro-batch: backpressure, resume, phase 1, the
 :class:`~eosink._protocol.AsyncCommitter` that commits after the checkpoint) and
-:func:`~eosink._stream.close_live` (the end: drain, close). The file sink's writers run
-through eosink's task code in this process (:func:`eosink.testing.drive_writers`).
+:func:`~eosink._stream.close_live` (the end: drain, close). Another sink (sql, kafka), or a
+batch run (:func:`eosink._run.run_batch`, the function ``eosink.run`` runs a batch with),
+are options. The sink's writers run through eosink's task code in this process
+(:func:`eosink.testing.drive_writers`), as Spark's tasks would run them.
 
 Only Spark is simulated, as its micro-batch execution behaves: batch ``b``'s offsets entry
 (``offsets/b``) is written before the batch runs and its commit entry (``commits/b``) after
@@ -38,11 +40,15 @@ import pyarrow.parquet as pq
 from harness import GROUPS, payload
 
 from eosink._checkpoint import CheckpointDir
+from eosink._protocol import Epoch
+from eosink._run import run_batch
 from eosink._setup import open_runtime, prepare_sink
 from eosink._stream import close_live, open_stream_batches
 from eosink._write import Written
 from eosink.testing import drive_writers
 
+BATCH_EPOCH = 5
+"""The epoch of a batch run (``mode`` ``"batch"``), as tests/crashjob.py's batch jobs."""
 SCHEMA = pa.schema([("id", pa.int64()), ("grp", pa.string()), ("payload", pa.string())])
 
 
@@ -125,19 +131,25 @@ def main(
     more: dict[str, Any] | None = None,
 ) -> None:
     """``more``: sink options over the file sink's defaults (Parquet partitioned by ``grp``
-    in ``out``); a None value removes one (``{"partition_by": None}``). Five keys are the
-    driver's own: ``sink`` (another sink than the file sink: its options are ``more``
-    alone), ``tasks`` (how many writers share a micro-batch's rows, as Spark's tasks would;
-    1 by default), ``kafka_rows`` (true: the kafka sink's ``key`` and ``value`` columns
-    made of the rows, one key's rows in one task, as tests/crashjob.py makes them),
-    ``input`` (a directory of Parquet files, the ``b``-th in name order being batch
-    ``b``: tests/harness.py's ``make_cdc_input``) and ``op_column`` (given ``"op"``, a
-    column ``op`` is added, ``"d"`` for every 7th id, ``"u"`` otherwise, as
-    tests/crashjob.py adds it; it is a sink option too)."""
+    in ``out``); a None value removes one (``{"partition_by": None}``). The driver's own keys:
+
+    * ``mode``: ``"batch"`` runs ``eosink.run``'s batch of epoch :data:`BATCH_EPOCH`
+      (:func:`eosink._run.run_batch`, every batch's rows in that one epoch) instead of a
+      stream;
+    * ``sink``: another sink than the file sink (its options are ``more`` alone);
+    * ``tasks``: how many writers share a micro-batch's rows, as Spark's tasks would (1);
+    * ``kafka_rows``: true makes the kafka sink's ``key`` and ``value`` columns of the
+      rows, one key's rows in one task, as tests/crashjob.py makes them;
+    * ``input``: a directory of Parquet files, the ``b``-th in name order being batch
+      ``b`` (tests/harness.py's ``make_cdc_input``);
+    * ``op_column``: given ``"op"``, a column ``op`` is added, ``"d"`` for every 7th id,
+      ``"u"`` otherwise, as tests/crashjob.py adds it (it is a sink option too).
+    """
     more = dict(more or {})
     sink = more.pop("sink", "file")
     tasks = int(more.pop("tasks", 1))
     kafka_rows = bool(more.pop("kafka_rows", False))
+    mode = more.pop("mode", "stream")
     source = _source(more.pop("input", None), more.get("op_column") == "op")
     options: dict[str, Any] = (
         {"path": out, "format": "parquet", "partition_by": "grp"} if sink == "file" else {}
@@ -147,30 +159,23 @@ def main(
     if kafka_rows:
         source = _as_kafka_rows(source)
     schema = source(0, rows).schema
+    stream = mode == "stream"
     setup = prepare_sink(
         sink,
         options,
-        streaming=True,
+        streaming=stream,
         sink_id=sink_id,
         metastore_url=url,
         schema=schema,
-        checkpoint_location=checkpoint,
+        epoch=None if stream else BATCH_EPOCH,
+        checkpoint_location=checkpoint if stream else None,
         master=lambda: "local[1]",
     )
-    ckpt = CheckpointDir(None, checkpoint)
-    runtime = open_runtime(setup)
-    try:
-        fn, _, _ = open_stream_batches(runtime, setup, ckpt, inline=False, max_pending_epochs=8)
-    except BaseException:
-        runtime.close()
-        runtime.store.close()
-        raise
-    live = fn.live
-    assert live is not None
 
-    def write(batch: Any, ep: Any) -> Written:
+    def written(ep: Epoch, data: pa.RecordBatch) -> Written:
+        """``data`` written by ``tasks`` writers (Spark's tasks); on an error the epoch is
+        discarded (as :func:`eosink._stream.write_or_discard` does)."""
         t0 = time.perf_counter()
-        data = source(int(batch), rows)
         if kafka_rows:  # one key's rows in one task (Spark's repartition(tasks, "grp"))
             keys = data.column("key").to_pylist()
             parts = [
@@ -188,6 +193,29 @@ def main(
             ep.discard()
             raise
         return Written(results, data.num_rows, time.perf_counter() - t0, "python")
+
+    runtime = open_runtime(setup)
+    if not stream:  # eosink.run's batch: every batch's rows in one epoch
+        try:
+            whole = pa.Table.from_batches([source(b, rows) for b in range(batches)], schema)
+            [data] = whole.combine_chunks().to_batches()
+            run_batch(runtime, BATCH_EPOCH, lambda ep: written(ep, data))
+        finally:
+            runtime.close()
+            runtime.store.close()
+        return
+    ckpt = CheckpointDir(None, checkpoint)
+    try:
+        fn, _, _ = open_stream_batches(runtime, setup, ckpt, inline=False, max_pending_epochs=8)
+    except BaseException:
+        runtime.close()
+        runtime.store.close()
+        raise
+    live = fn.live
+    assert live is not None
+
+    def write(batch: Any, ep: Any) -> Written:
+        return written(ep, source(int(batch), rows))
 
     live.write = write
     root = Path(checkpoint)

@@ -65,20 +65,12 @@ STREAM_FAULTS = [
 # at several epochs and at random instants, in the Spark-less lifecycle driver
 # (tests/test_lifecycle_kills.py: the same stream lifecycle, meta store and file sink), which
 # caught the deliberately broken variants these chains caught (docs/testing.md).
-# A batch job has one epoch (5): the first three runs die before it is PENDING, the next ones
-# die while finishing the PENDING epoch the third left (before, inside, after its commit,
-# after COMMITTED).
-BATCH_FAULTS = [
-    [
-        "after_spark_write",
-        "after_write_results",
-        "after_pre_commit",
-        "after_persist",
-        "before_commit",
-    ],
-    ["after_persist", "mid_commit", "after_commit", "after_mark_committed"],
-    ["after_pre_commit", "mid_abort"],
-]
+# A batch job has one epoch (5): the first run dies once Spark's own writers staged it,
+# before it is PENDING; the next one once it is PENDING, before its commit (the restart
+# commits what Spark's writers staged). The batch run's other points, chains and random
+# kills: tests/test_lifecycle_kills.py (eosink._run.run_batch without Spark), which caught
+# the deliberately broken variants the chains here caught (docs/testing.md).
+BATCH_FAULTS = [["after_spark_write", "before_commit"]]
 # format("eosink") streams (its driver side runs in Spark's Python workers: the whole driver
 # is killed when a point fires there): phase 2 inline, then the core's other points. The
 # lineage file is written at the first run only: that chain starts with it.
@@ -110,7 +102,7 @@ DS_BATCH_FAULTS = [
 # one chain on PostgreSQL is enough (test_random_kills kills a PostgreSQL one at random).
 STREAM_ON_POSTGRES = [["after_persist@3", "mid_abort"]]
 # After these, the finished job is run once more: replays of committed epochs change nothing.
-RERUN = [STREAM_FAULTS[1], BATCH_FAULTS[1]]  # (STREAM_FAULTS[1]: after a held recovery)
+RERUN = [STREAM_FAULTS[1]]  # after a held recovery
 
 
 def _cases(matrix: list[list[str]], on_postgres: list[list[str]]) -> list[object]:

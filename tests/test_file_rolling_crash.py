@@ -94,25 +94,9 @@ CASES = [
         ["roll_mid_merge", "roll_before_drop", "roll_after_drop@2"],
         max_row_count=2 * ROWS,
     ),
-    # A batch epoch whose slots roll at the run's end, merged from the ORC pieces of 3
-    # tasks. The first run dies before the epoch is PENDING, the next one while discarding
-    # its staged pieces; then the roll at the run's end dies inside the merge, then before
-    # dropping the rolled pieces; each restart rolls them again (a batch job's later runs
-    # have no epoch to write: a point of the final roll fires once per run that rolls).
-    _case(
-        "local",
-        "batch",
-        "orc",
-        ["after_pre_commit", "mid_abort", "roll_mid_merge", "roll_before_drop"],
-        partitioned=True,
-        max_row_count=10**9,
-    ),
-    # A JSON batch killed in its epoch's roll, before publishing; the restart commits the
-    # epoch and rolls what it left open after it (between epochs), and dies once that roll
-    # dropped the rolled pieces, before the slots' state is stored.
-    _case(
-        "local", "batch", "json", ["roll_before_publish", "roll_after_drop"], max_row_count=10**9
-    ),
+    # (eosink.run's local batch cases, an ORC batch merged from 3 tasks' pieces and a JSON
+    # batch killed in its rolls: tests/test_lifecycle_kills.py, eosink._run.run_batch
+    # without Spark.)
     # S3 JSON: each epoch's ~5.5 MiB uploaded as a part of the slot's multipart upload; the
     # upload completed (published) every second epoch.
     _case(

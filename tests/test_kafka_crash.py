@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import metastore_for
 from harness import (
     GROUPS,
     Job,
@@ -54,24 +53,7 @@ ROWS = 60  # rows per input file: one file per micro-batch
 # the whole driver is killed there).
 DS_FAULTS = [["mid_commit@2"]]
 DS_BATCH_FAULTS = [["mid_commit"]]
-# A batch job has one epoch (5): every run after the first finishes (or dies in) the PENDING
-# epoch the first left.
-BATCH_FAULTS = [
-    # Nothing durable; then a transaction left open mid-produce (the next start aborts it
-    # when it fences the pool, then commits the PENDING epoch); then after the commit,
-    # before COMMITTED (the last run finds every chunk covered by the markers).
-    ["after_write_results", "kafka_mid_produce@2", "after_commit"],
-    ["after_persist", "kafka_before_commit@2", "mid_commit"],
-]
-# Chains that leave an open transaction with flushed records behind (kafka_before_commit;
-# kafka_mid_produce's records may still be in the producer's buffer when it dies):
-# read_uncommitted must see its records.
-LEAVES_ABORTED = [BATCH_FAULTS[1]]
-
-
-def _cases(matrix: list[list[str]]) -> list[Any]:
-    """Each chain on the SQLite meta store (its dialects: tests/test_crash.py)."""
-    return [pytest.param("sqlite", faults, id=f"sqlite-{'+'.join(faults)}") for faults in matrix]
+# eosink.run's batch chains: tests/test_lifecycle_kills.py too.
 
 
 def kafka_job(kafka: Any, tmp: Path, mode: str, metastore: str, **extra: Any) -> tuple[Job, str]:
@@ -155,20 +137,6 @@ def test_kafka_datasource_batch_crash(kafka: Any, tmp_path: Path, faults: list[s
     expected = make_input(job.input, files=4, rows=ROWS)
     crash_chain(job, faults)
     check_topic(job, expected)
-
-
-@pytest.mark.parametrize(("store", "faults"), _cases(BATCH_FAULTS))
-def test_kafka_batch_crash(
-    request: pytest.FixtureRequest, kafka: Any, tmp_path: Path, store: str, faults: list[str]
-) -> None:
-    job, _ = kafka_job(kafka, tmp_path, "batch", metastore_for(store, request, tmp_path))
-    expected = make_input(job.input, files=4, rows=ROWS)
-    crash_chain(job, faults)
-    check_topic(job, expected, aborted=faults in LEAVES_ABORTED)
-    # Running the finished batch again publishes nothing (epoch 5 is COMMITTED).
-    if store == "sqlite" and faults == BATCH_FAULTS[0]:
-        assert job.run() == 0, job.last_log()
-        check_topic(job, expected)
 
 
 @pytest.mark.parametrize("point", ["task_before_finish", "task_after_finish"])

@@ -123,8 +123,6 @@ def zygote() -> Iterator[Zygote]:
 class Driver:
     """The lifecycle driver's paths and runs."""
 
-    mode = "stream"  # as harness.Job's, for the file sink's checks (expected_epochs...)
-
     def __init__(
         self,
         zygote: Zygote,
@@ -139,6 +137,8 @@ class Driver:
         ``options``: more file sink options (tests/lifecycle_driver.py). ``rows``: each
         micro-batch's."""
         self.options = options
+        # As harness.Job's, for the sinks' checks (expected_epochs...): "stream" or "batch".
+        self.mode = str((options or {}).get("mode", "stream"))
         self.rows = rows  # a micro-batch's
         self.zygote = zygote
         self.tmp = tmp
@@ -186,15 +186,15 @@ class Driver:
     def fired(self) -> list[str]:
         return fired_points(self.marks)
 
-    def kill_at(self, fault: str, sink: str = "file") -> None:
-        """Run armed with ``fault``; it must fire and kill the driver. ``sink``: the fault
-        coverage table's (``rolling`` with rolling options)."""
+    def kill_at(self, fault: str, sink: str = "file", front: str = "run-stream") -> None:
+        """Run armed with ``fault``; it must fire and kill the driver. ``sink``, ``front``:
+        the fault coverage table's (``rolling`` with rolling options; ``run-batch``)."""
         code = self.run(fault)
         point = fault.split("@")[0]
         assert code == -signal.SIGKILL and self.fired() == [point], (
             f"fault {fault}: exit {code}, fired {self.fired()}\n{self.log[-3000:]}"
         )
-        record_coverage(sink, "run-stream", fired_sites(self.marks))
+        record_coverage(sink, front, fired_sites(self.marks))
 
     def finish(self) -> None:
         code = self.run()
@@ -375,7 +375,9 @@ def pg_target() -> Iterator[str]:
     drop_pg_database(url)
 
 
-def _sql(zygote: Zygote, tmp: Path, url: str, batches: int, cdc: bool = False) -> Driver:
+def _sql(
+    zygote: Zygote, tmp: Path, url: str, batches: int, cdc: bool = False, mode: str = "stream"
+) -> Driver:
     """A driver of the sql sink's stream into ``url`` (as test_sql_crash's ``sql_job``);
     ``cdc``: its change stream over ``batches`` change files."""
     from harness import make_cdc_input
@@ -388,6 +390,7 @@ def _sql(zygote: Zygote, tmp: Path, url: str, batches: int, cdc: bool = False) -
         "create_table": True,
         "staging_schema": SCHEMA,
         "tasks": 2,  # two staging tables an epoch (mid_abort fires between their drops)
+        "mode": mode,
     }
     if cdc:
         make_cdc_input(tmp / "input", files=batches, rows=ROWS)
@@ -474,11 +477,11 @@ KAFKA_CHAINS = [
 KAFKA_ROWS = 60
 
 
-def _kafka(zygote: Zygote, kafka: Any, tmp: Path, batches: int) -> Driver:
+def _kafka(zygote: Zygote, kafka: Any, tmp: Path, batches: int, mode: str = "stream") -> Driver:
     from harness import kafka_sink_options
 
     opts = kafka_sink_options(kafka, tmp, "lifecycle", chunk_bytes=1024)
-    opts |= {"sink": "kafka", "kafka_rows": True, "tasks": 3}
+    opts |= {"sink": "kafka", "kafka_rows": True, "tasks": 3, "mode": mode}
     # 60 rows a micro-batch: a slot's epoch spans two or more chunks (transactions).
     return Driver(zygote, tmp, batches=batches, options=opts, rows=KAFKA_ROWS)
 
@@ -509,3 +512,111 @@ def test_kafka_random_kills(zygote: Zygote, kafka: Any, tmp_path: Path) -> None:
         random.Random("20261129-kafka"),
         lambda d: check_topic(d, list(range(d.batches * KAFKA_ROWS)), per_epoch=KAFKA_ROWS),  # type: ignore[arg-type]
     )
+
+
+# eosink.run's batch runs (tests/lifecycle_driver.py's ``mode`` "batch": the one function
+# eosink.run runs a batch with, eosink._run.run_batch; one epoch, 5, of every batch's rows,
+# written by three tasks). The first runs die before the epoch is PENDING (aborted and
+# written again), the next ones while finishing the PENDING epoch (before, inside and after
+# its commit, after COMMITTED); mid_abort between two tasks' staged data.
+BATCH = {"mode": "batch", "tasks": 3}
+BATCH_CHAINS = [
+    ["after_write_results", "after_pre_commit", "after_persist", "before_commit"],
+    ["after_persist", "mid_commit", "after_commit", "after_mark_committed"],
+    ["after_pre_commit", "mid_abort"],
+]
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+@pytest.mark.parametrize("chain", BATCH_CHAINS, ids=lambda c: "+".join(c))
+def test_batch_chain(
+    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, store: str, chain: list[str]
+) -> None:
+    url = metastore_for(store, request, tmp_path)
+    d = Driver(zygote, tmp_path / "batch", batches=4, url=url, options=BATCH)
+    for fault in chain:
+        d.kill_at(fault, front="run-batch")
+    d.finish()
+    d.check()
+    d.finish()  # the finished batch again: epoch 5 is COMMITTED, nothing written twice
+    d.check()
+
+
+def test_batch_random_kills(zygote: Zygote, tmp_path: Path) -> None:
+    """Batch runs killed at random instants, again and again, then let finish."""
+    _random_kills(
+        lambda name: Driver(zygote, tmp_path / name, batches=6, options=BATCH),
+        random.Random("20261129-batch"),
+        Driver.check,
+        streams=6,
+    )
+
+
+def test_sql_batch_chain(zygote: Zygote, tmp_path: Path, pg_target: str) -> None:
+    d = _sql(zygote, tmp_path / "batch", pg_target, batches=4, mode="batch")
+    for fault in ["after_pre_commit", "mid_abort", "after_persist", "mid_commit", "after_commit"]:
+        d.kill_at(fault, sink="sql-pg", front="run-batch")
+    d.finish()
+    _sql_check(d, pg_target)
+    d.finish()  # the finished batch again: nothing twice
+    _sql_check(d, pg_target)
+
+
+def test_sql_sqlite_target_batch_chain(zygote: Zygote, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'target.sqlite'}"
+    d = _sql(zygote, tmp_path / "batch", url, batches=4, mode="batch")
+    for fault in ["after_pre_commit", "mid_abort", "mid_commit"]:
+        d.kill_at(fault, sink="sql-sqlite", front="run-batch")
+    d.finish()
+    _sql_check(d, url)
+
+
+# (tests/test_kafka_crash.py's batch chains: nothing durable; a transaction left open
+# mid-produce, aborted when the next start fences the pool, which then commits the PENDING
+# epoch; after the commit, before COMMITTED. Then: PENDING, a chunk's transaction flushed
+# and left open, a kill between the chunks of a slot.)
+KAFKA_BATCH_CHAINS = [
+    ["after_write_results", "kafka_mid_produce@2", "after_commit"],
+    ["after_persist", "kafka_before_commit@2", "mid_commit"],
+]
+
+
+@pytest.mark.parametrize("chain", KAFKA_BATCH_CHAINS, ids=lambda c: "+".join(c))
+def test_kafka_batch_chain(zygote: Zygote, kafka: Any, tmp_path: Path, chain: list[str]) -> None:
+    from test_kafka_crash import check_topic
+
+    d = _kafka(zygote, kafka, tmp_path / "batch", batches=4, mode="batch")
+    for fault in chain:
+        d.kill_at(fault, sink="kafka", front="run-batch")
+    d.finish()
+    expected = list(range(d.batches * KAFKA_ROWS))
+    check_topic(d, expected, aborted=chain is KAFKA_BATCH_CHAINS[1])  # type: ignore[arg-type]
+    if chain is KAFKA_BATCH_CHAINS[0]:
+        d.finish()  # the finished batch again publishes nothing
+        check_topic(d, expected)  # type: ignore[arg-type]
+
+
+# Batch epochs whose slots roll at the run's end (tests/test_file_rolling_crash.py's batch
+# cases). ORC pieces of three tasks merged: the first run dies before the epoch is PENDING,
+# the next one while discarding its staged pieces; then the roll at the run's end dies
+# inside the merge, then before dropping the rolled pieces. JSON: killed in the epoch's roll
+# before publishing; the restart commits the epoch and rolls what it left open, and dies
+# once that roll dropped the rolled pieces, before the slots' state is stored.
+ROLLING_BATCH = [
+    ("orc", ["after_pre_commit", "mid_abort", "roll_mid_merge", "roll_before_drop"]),
+    ("json", ["roll_before_publish", "roll_after_drop"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "chain"), ROLLING_BATCH, ids=lambda v: v if isinstance(v, str) else "+".join(v)
+)
+def test_rolling_batch_chain(zygote: Zygote, tmp_path: Path, fmt: str, chain: list[str]) -> None:
+    from test_file_rolling_crash import check_output
+
+    opts = {**BATCH, "format": fmt, "max_row_count": 10**9}
+    d = Driver(zygote, tmp_path / "batch", batches=4, options=opts)
+    for fault in chain:
+        d.kill_at(fault, sink="rolling", front="run-batch")
+    d.finish()
+    check_output(d, list(range(d.batches * ROWS)), fmt, ROWS)  # type: ignore[arg-type]

@@ -48,10 +48,8 @@ SCHEMA = "eosink_crash"
 # runs the stream's real lifecycle without Spark: since it writes each epoch with two tasks
 # (two staging tables), it also caught a recovery commit applying one table only, which the
 # Spark chain here (one task an epoch) let pass. Here: what needs Spark.
-# One epoch (5) of 3 tasks: the first run dies before it is PENDING; the next one between
-# dropping two of the 3 staging tables it left (mid_abort: a stream's epoch is one task's
-# table); the next ones while finishing the epoch.
-BATCH_FAULTS = [["after_pre_commit", "mid_abort", "after_persist", "mid_commit", "after_commit"]]
+# eosink.run's batch chains (a PostgreSQL and a SQLite target) likewise run in
+# tests/test_lifecycle_kills.py (eosink._run.run_batch without Spark).
 
 
 @pytest.fixture
@@ -146,22 +144,11 @@ def _cdc_state(job: Job) -> list[tuple[int, str, str]]:
     return cdc_state(job.input)
 
 
-@pytest.mark.parametrize("faults", BATCH_FAULTS, ids=lambda f: "+".join(f))
-def test_sql_batch_crash(tmp_path: Path, target_db: str, faults: list[str]) -> None:
-    job = sql_job(tmp_path, "batch", target_db)
-    make_input(job.input, files=4, rows=ROWS)
-    crash_chain(job, faults)
-    _check(job, target_db, _appended(job))
-    assert job.run() == 0, job.last_log()  # the finished batch again: nothing twice
-    _check(job, target_db, _appended(job))
-
-
-# The sql sink through each front end on a SQLite target (no transaction held from phase 1:
-# its commit runs the statements anew), and through format("eosink") on PostgreSQL (the
-# commit runs in Spark's Python data source worker; the whole driver is killed there).
-# (An eosink.run stream on a SQLite target: tests/test_spark_lines.py kills one on pyspark 3.5.)
+# The sql sink through format("eosink") on a SQLite target (no transaction held from phase
+# 1: its commit runs the statements anew) and on PostgreSQL (the commit runs in Spark's
+# Python data source worker; the whole driver is killed there). (eosink.run on a SQLite
+# target: tests/test_lifecycle_kills.py; tests/test_spark_lines.py kills one on pyspark 3.5.)
 SQLITE_TARGET = [
-    ("batch", ["after_pre_commit", "mid_abort", "mid_commit"]),
     ("ds-stream", ["mid_commit@2"]),
     ("ds-batch", ["mid_commit"]),
 ]
