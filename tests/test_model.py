@@ -71,6 +71,7 @@ from hypothesis.stateful import (
 from eosink._checkpoint import CheckpointDir
 from eosink._metastore import BATCH, MetaStore
 from eosink._protocol import SinkRuntime
+from eosink._write import Written
 from eosink.errors import (
     EosinkError,
     FencedError,
@@ -232,7 +233,12 @@ class ProtocolModel(RuleBasedStateMachine):
         self.max_epoch = max(self.max_epoch, epoch)
 
     def _write(self, rt: SinkRuntime, ep: Any, ids: list[int]) -> Any:
-        """The writers of an epoch (two tasks), discarded if one fails; then phase 1."""
+        """The writers of an epoch, then phase 1."""
+        w = self._written(ep, ids)
+        return ep.prepare(w.results, w.rows, 0.0)
+
+    def _written(self, ep: Any, ids: list[int]) -> Written:
+        """The writers of an epoch (two tasks), the epoch discarded if one fails."""
         half = len(ids) // 2
         parts = [
             [pa.record_batch([pa.array(p, pa.int64()), pa.array([f"r{i}" for i in p])], SCHEMA)]
@@ -246,7 +252,7 @@ class ProtocolModel(RuleBasedStateMachine):
         except BaseException:
             ep.discard()
             raise
-        return ep.prepare(results, len(ids), 0.0)
+        return Written(results, len(ids), 0.0, "python")
 
     def _attempt(self, fault: tuple[str, int] | None, fn: Callable[[], None]) -> bool:
         """Run ``fn`` with the fault armed: True if it ran to its end, False if it crashed."""
@@ -471,16 +477,17 @@ class ProtocolModel(RuleBasedStateMachine):
 
     # -- batch runs --------------------------------------------------------------------------
     def _batch(self, job: Job) -> None:
-        """``eosink._run._run_batch``."""
+        """``eosink.run``'s batch run: :func:`eosink._run.run_batch` itself, its write the
+        model's writers."""
+        from eosink._run import run_batch
+
+        def write(ep: Any) -> Written:
+            self._saw(ep.epoch)
+            return self._written(ep, job.ids)
+
         rt = self._runtime()
         try:
-            ep = rt.batch_epoch(job.epoch)
-            self._saw(ep.epoch)
-            if not ep.recovered and not ep.skipped:
-                self._write(rt, ep, job.ids)
-                ep.commit()
-            rt.roll(everything=True)
-            rt.run_returned(ep.epoch)
+            self._saw(run_batch(rt, job.epoch, write).epoch)
         except EosinkError:
             rt.close()
             rt.store.close()
