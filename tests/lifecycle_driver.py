@@ -133,7 +133,7 @@ def main(
     """``more``: sink options over the file sink's defaults (Parquet partitioned by ``grp``
     in ``out``); a None value removes one (``{"partition_by": None}``). The driver's own keys:
 
-    * ``mode``: ``"batch"`` runs ``eosink.run``'s batch of epoch :data:`BATCH_EPOCH`
+    * ``batch``: true runs ``eosink.run``'s batch of epoch :data:`BATCH_EPOCH`
       (:func:`eosink._run.run_batch`, every batch's rows in that one epoch) instead of a
       stream;
     * ``sink``: another sink than the file sink (its options are ``more`` alone);
@@ -149,7 +149,7 @@ def main(
     sink = more.pop("sink", "file")
     tasks = int(more.pop("tasks", 1))
     kafka_rows = bool(more.pop("kafka_rows", False))
-    mode = more.pop("mode", "stream")
+    stream = not more.pop("batch", False)
     source = _source(more.pop("input", None), more.get("op_column") == "op")
     options: dict[str, Any] = (
         {"path": out, "format": "parquet", "partition_by": "grp"} if sink == "file" else {}
@@ -159,7 +159,6 @@ def main(
     if kafka_rows:
         source = _as_kafka_rows(source)
     schema = source(0, rows).schema
-    stream = mode == "stream"
     setup = prepare_sink(
         sink,
         options,

@@ -138,7 +138,7 @@ class Driver:
         micro-batch's."""
         self.options = options
         # As harness.Job's, for the sinks' checks (expected_epochs...): "stream" or "batch".
-        self.mode = str((options or {}).get("mode", "stream"))
+        self.mode = "batch" if (options or {}).get("batch") else "stream"
         self.rows = rows  # a micro-batch's
         self.zygote = zygote
         self.tmp = tmp
@@ -179,6 +179,22 @@ class Driver:
         return self.options or {}
 
     kafka_staged = Job.kafka_staged  # what the kafka sink left staged (its options' place)
+
+    @property
+    def input(self) -> Path:
+        """The change files of a driver given ``input`` (harness.make_cdc_input)."""
+        return Path(self.sink_options.get("input", self.tmp / "input"))
+
+    def last_log(self) -> str:
+        return self.log[-6000:]
+
+    def iceberg_options(self) -> Any:
+        """The iceberg sink's options of this driver (to read the table independently)."""
+        import eosink
+
+        own = {"sink", "tasks", "kafka_rows", "batch", "input"}
+        opts = {k: v for k, v in self.sink_options.items() if k not in own}
+        return eosink.get_sink("iceberg").parse_options(opts)
 
     def output(self) -> Output:
         return Output(self.out)
@@ -390,7 +406,7 @@ def _sql(
         "create_table": True,
         "staging_schema": SCHEMA,
         "tasks": 2,  # two staging tables an epoch (mid_abort fires between their drops)
-        "mode": mode,
+        "batch": mode == "batch",
     }
     if cdc:
         make_cdc_input(tmp / "input", files=batches, rows=ROWS)
@@ -481,7 +497,7 @@ def _kafka(zygote: Zygote, kafka: Any, tmp: Path, batches: int, mode: str = "str
     from harness import kafka_sink_options
 
     opts = kafka_sink_options(kafka, tmp, "lifecycle", chunk_bytes=1024)
-    opts |= {"sink": "kafka", "kafka_rows": True, "tasks": 3, "mode": mode}
+    opts |= {"sink": "kafka", "kafka_rows": True, "tasks": 3, "batch": mode == "batch"}
     # 60 rows a micro-batch: a slot's epoch spans two or more chunks (transactions).
     return Driver(zygote, tmp, batches=batches, options=opts, rows=KAFKA_ROWS)
 
@@ -514,12 +530,12 @@ def test_kafka_random_kills(zygote: Zygote, kafka: Any, tmp_path: Path) -> None:
     )
 
 
-# eosink.run's batch runs (tests/lifecycle_driver.py's ``mode`` "batch": the one function
+# eosink.run's batch runs (tests/lifecycle_driver.py's ``batch``: the one function
 # eosink.run runs a batch with, eosink._run.run_batch; one epoch, 5, of every batch's rows,
 # written by three tasks). The first runs die before the epoch is PENDING (aborted and
 # written again), the next ones while finishing the PENDING epoch (before, inside and after
 # its commit, after COMMITTED); mid_abort between two tasks' staged data.
-BATCH = {"mode": "batch", "tasks": 3}
+BATCH = {"batch": True, "tasks": 3}
 BATCH_CHAINS = [
     ["after_write_results", "after_pre_commit", "after_persist", "before_commit"],
     ["after_persist", "mid_commit", "after_commit", "after_mark_committed"],
@@ -620,3 +636,92 @@ def test_rolling_batch_chain(zygote: Zygote, tmp_path: Path, fmt: str, chain: li
         d.kill_at(fault, sink="rolling", front="run-batch")
     d.finish()
     check_output(d, list(range(d.batches * ROWS)), fmt, ROWS)  # type: ignore[arg-type]
+
+
+# The iceberg sink's stream (tests/test_iceberg_crash.py's and test_iceberg_cdc.py's jobs and
+# checks: every row once, no orphan data file, no staged change file; for the change stream
+# the input's final state and each epoch once, in order, in the snapshots' summaries), each
+# epoch's data files written by two tasks: on a SQLite catalog with a local warehouse, a
+# PostgreSQL catalog (recovery's abort killed between two data files) and a warehouse on
+# the S3 server.
+ICEBERG_CHAINS = [
+    ("s3", ["after_persist@2", "mid_commit@2", "after_commit@2"]),
+    ("postgres", ["after_persist@3", "mid_abort"]),
+]
+# The points where an upsert epoch's recovery differs from an append's: inside and after the
+# copy-on-write commit, in a live run and in recovery's commit of a checkpointed epoch, and
+# the abort of a persisted one.
+ICEBERG_CDC_CHAINS = [
+    ["mid_commit@2", "after_commit@2", "after_mark_committed@2"],
+    ["after_persist@3", "recovery_before_abort", "mid_abort", "recovery_before_finish_abort"],
+    ["before_commit@2", "mid_commit", "after_commit"],
+]
+
+
+def _iceberg(
+    zygote: Zygote, request: pytest.FixtureRequest, tmp: Path, kind: str, batches: int
+) -> Driver:
+    """A driver of the iceberg sink's stream into table ``db.events`` of a ``kind``
+    catalog: "sqlite" (a local warehouse), "postgres" (a PostgreSQL catalog, also the meta
+    store) or "s3" (a warehouse on the S3 server)."""
+    url = ""
+    opts: dict[str, Any] = {"sink": "iceberg", "table": "db.events", "tasks": 2}
+    if kind == "s3":
+        from conftest import s3_catalog
+
+        endpoint = str(request.getfixturevalue("s3_endpoint"))
+        opts["catalog"] = s3_catalog(endpoint, f"sqlite:///{tmp / 'catalog.db'}")
+    elif kind == "postgres":
+        url = str(request.getfixturevalue("fresh_pg_url"))
+        opts["catalog"] = {"type": "sql", "uri": url, "warehouse": f"file://{tmp / 'out'}"}
+    else:
+        opts["warehouse"] = str(tmp / "out")
+    tmp.mkdir(parents=True, exist_ok=True)
+    return Driver(zygote, tmp, batches=batches, url=url, options=opts)
+
+
+@pytest.mark.parametrize(
+    ("kind", "chain"), ICEBERG_CHAINS, ids=[f"{k}-{'+'.join(c)}" for k, c in ICEBERG_CHAINS]
+)
+def test_iceberg_chain(
+    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, kind: str, chain: list[str]
+) -> None:
+    from test_iceberg_crash import _check_table
+
+    d = _iceberg(zygote, request, tmp_path / "stream", kind, batches=3 + len(chain))
+    for fault in chain:
+        d.kill_at(fault, sink="iceberg")
+    d.finish()
+    _check_table(d, list(range(d.batches * ROWS)), native=False)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("chain", ICEBERG_CDC_CHAINS, ids=lambda c: "+".join(c))
+def test_iceberg_cdc_chain(
+    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, chain: list[str]
+) -> None:
+    from harness import make_cdc_input
+    from test_iceberg_cdc import CRASH_CDC, _check_cdc
+
+    d = _iceberg(zygote, request, tmp_path / "stream", "sqlite", batches=3 + len(chain))
+    make_cdc_input(d.tmp / "input", files=d.batches, rows=ROWS)
+    d.options = {**(d.options or {}), **CRASH_CDC, "input": str(d.tmp / "input")}
+    for fault in chain:
+        d.kill_at(fault, sink="iceberg")
+    d.finish()
+    _check_cdc(d)  # type: ignore[arg-type]
+
+
+def test_iceberg_cdc_random_kills(
+    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The change stream into Iceberg killed at random instants, again and again."""
+    from harness import make_cdc_input
+    from test_iceberg_cdc import CRASH_CDC, _check_cdc
+
+    def new(name: str) -> Driver:
+        d = _iceberg(zygote, request, tmp_path / name, "sqlite", batches=10)
+        make_cdc_input(d.tmp / "input", files=d.batches, rows=ROWS)
+        d.options = {**(d.options or {}), **CRASH_CDC, "input": str(d.tmp / "input")}
+        return d
+
+    _random_kills(new, random.Random("20261129-iceberg-cdc"), _check_cdc)  # type: ignore[arg-type]
