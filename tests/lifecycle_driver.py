@@ -52,29 +52,29 @@ BATCH_EPOCH = 5
 SCHEMA = pa.schema([("id", pa.int64()), ("grp", pa.string()), ("payload", pa.string())])
 
 
-def batch_rows(batch_id: int, rows: int) -> pa.RecordBatch:
+def batch_rows(batch_id: int, rows: int, pad: int = 0) -> pa.RecordBatch:
     """Batch ``batch_id`` of the simulated source (the same at every replay): the rows of
     the crash tests' input file ``batch_id`` (``harness.make_input``: ids, their group, their
-    payload)."""
+    payload, ``pad`` characters longer)."""
     ids = list(range(batch_id * rows, (batch_id + 1) * rows))
     return pa.record_batch(
         [
             pa.array(ids, pa.int64()),
             pa.array([GROUPS[i % len(GROUPS)] for i in ids]),
-            pa.array([payload(i) for i in ids]),
+            pa.array([payload(i, pad) for i in ids]),
         ],
         SCHEMA,
     )
 
 
-def _source(input_dir: str | None, op: bool) -> Callable[[int, int], pa.RecordBatch]:
-    """Batch ``b`` of ``rows`` rows: :func:`batch_rows`, or the ``b``-th file of
-    ``input_dir``; with ``op``, an ``op`` column added."""
+def _source(input_dir: str | None, op: bool, pad: int = 0) -> Callable[[int, int], pa.RecordBatch]:
+    """Batch ``b`` of ``rows`` rows: :func:`batch_rows` (payloads ``pad`` characters
+    longer), or the ``b``-th file of ``input_dir``; with ``op``, an ``op`` column added."""
     files = sorted(Path(input_dir).glob("*.parquet")) if input_dir else []
 
     def read(b: int, rows: int) -> pa.RecordBatch:
         if not input_dir:
-            data = batch_rows(b, rows)
+            data = batch_rows(b, rows, pad)
         else:
             table = pq.read_table(files[b]).combine_chunks()
             [data] = table.to_batches() or [pa.RecordBatch.from_pylist([], table.schema)]
@@ -140,6 +140,7 @@ def main(
     * ``tasks``: how many writers share a micro-batch's rows, as Spark's tasks would (1);
     * ``kafka_rows``: true makes the kafka sink's ``key`` and ``value`` columns of the
       rows, one key's rows in one task, as tests/crashjob.py makes them;
+    * ``pad``: each row's payload that many characters longer (harness's ``payload``);
     * ``input``: a directory of Parquet files, the ``b``-th in name order being batch
       ``b`` (tests/harness.py's ``make_cdc_input``);
     * ``op_column``: given ``"op"``, a column ``op`` is added, ``"d"`` for every 7th id,
@@ -150,7 +151,8 @@ def main(
     tasks = int(more.pop("tasks", 1))
     kafka_rows = bool(more.pop("kafka_rows", False))
     stream = not more.pop("batch", False)
-    source = _source(more.pop("input", None), more.get("op_column") == "op")
+    pad = int(more.pop("pad", 0))
+    source = _source(more.pop("input", None), more.get("op_column") == "op", pad)
     options: dict[str, Any] = (
         {"path": out, "format": "parquet", "partition_by": "grp"} if sink == "file" else {}
     )

@@ -97,26 +97,11 @@ CASES = [
     # (eosink.run's local batch cases, an ORC batch merged from 3 tasks' pieces and a JSON
     # batch killed in its rolls: tests/test_lifecycle_kills.py, eosink._run.run_batch
     # without Spark.)
-    # S3 JSON: each epoch's ~5.5 MiB uploaded as a part of the slot's multipart upload; the
-    # upload completed (published) every second epoch.
-    _case(
-        "s3",
-        "stream",
-        "json",
-        ["roll_after_part@2", "roll_before_publish", "roll_after_publish", "roll_after_drop"],
-        big=True,
-        s3_part_bytes=5 * MiB,
-        max_file_bytes=10 * MiB,
-    ),
-    # S3 Parquet: pieces staged as objects, merged and uploaded when the slot rolls.
-    _case(
-        "s3",
-        "stream",
-        "parquet",
-        ["after_persist@2", "roll_mid_merge", "roll_before_drop"],
-        partitioned=True,
-        max_row_count=2 * ROWS // len(GROUPS),
-    ),
+    # (S3 streams, Python writers: a JSON chain, each epoch's ~5.5 MiB uploaded as a part of
+    # its slot's multipart upload, and a Parquet chain, pieces merged and uploaded when the
+    # slot rolls: tests/test_lifecycle_kills.py, which caught what the JSON case caught, a
+    # publish that completes an upload with its first part only, and what neither case here
+    # caught, a start that leaves uploads no state references open.)
     # format("eosink") (Python writers; the whole driver killed where the point fires, in
     # Spark's data source worker): a stream whose slot rolls in the commit of every second
     # micro-batch (this front end has no end-of-run roll: 4 micro-batches), and a batch

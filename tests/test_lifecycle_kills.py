@@ -23,13 +23,23 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import metastore_for
-from harness import GROUPS, Job, Output, epoch_states, fired_points, fired_sites, record_coverage
+from harness import (
+    GROUPS,
+    Job,
+    Output,
+    epoch_states,
+    fired_points,
+    fired_sites,
+    record_coverage,
+    s3_client,
+)
 
 from eosink.testing import CRASH_POINTS
 
@@ -192,12 +202,14 @@ class Driver:
         """The iceberg sink's options of this driver (to read the table independently)."""
         import eosink
 
-        own = {"sink", "tasks", "kafka_rows", "batch", "input"}
+        own = {"sink", "tasks", "kafka_rows", "batch", "input", "pad"}
         opts = {k: v for k, v in self.sink_options.items() if k not in own}
         return eosink.get_sink("iceberg").parse_options(opts)
 
     def output(self) -> Output:
-        return Output(self.out)
+        """The file sink's output (its ``path`` option, on local disk or the S3 server)."""
+        opts = self.sink_options
+        return Output(opts.get("path", self.out), opts.get("s3_endpoint_url"))
 
     def fired(self) -> list[str]:
         return fired_points(self.marks)
@@ -320,6 +332,52 @@ def test_rolling_chain(zygote: Zygote, tmp_path: Path, fmt: str, chain: list[str
         d.kill_at(fault, sink="rolling")
     d.finish()
     check_output(d, list(range(d.batches * ROWS)), fmt, ROWS)  # type: ignore[arg-type]
+
+
+# On the S3 server. JSON: rows of ~1 KiB, ~5.5 MiB a micro-batch, each epoch uploaded as a
+# part of its slot's multipart upload, the upload completed (published) every second epoch.
+# Parquet: pieces staged as objects, merged and uploaded when the slot rolls.
+MiB = 1024 * 1024
+S3_ROLLING = [
+    (
+        "json",
+        ["roll_after_part@2", "roll_before_publish", "roll_after_publish", "roll_after_drop"],
+    ),
+    ("parquet", ["after_persist@2", "roll_mid_merge", "roll_before_drop"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "chain"), S3_ROLLING, ids=lambda v: v if isinstance(v, str) else "+".join(v)
+)
+def test_rolling_s3_chain(
+    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, fmt: str, chain: list[str]
+) -> None:
+    from test_file_rolling_crash import BIG_PAD, BIG_ROWS, check_output
+
+    endpoint = str(request.getfixturevalue("s3_endpoint"))
+    bucket = f"roll-{uuid.uuid4().hex[:12]}"
+    s3_client(endpoint).create_bucket(Bucket=bucket)
+    opts: dict[str, Any] = {
+        "format": fmt,
+        "path": f"s3://{bucket}/out",
+        "s3_endpoint_url": endpoint,
+        "s3_region": "us-east-1",
+        "s3_access_key_id": "testing",
+        "s3_secret_access_key": "testing",
+    }
+    rows, pad = ROWS, 0
+    if fmt == "json":  # unpartitioned: each micro-batch one part of one slot
+        rows, pad = BIG_ROWS, BIG_PAD
+        opts |= {"partition_by": None, "pad": pad, "s3_part_bytes": 5 * MiB}
+        opts |= {"max_file_bytes": 10 * MiB}
+    else:
+        opts |= {"max_row_count": 2 * ROWS // len(GROUPS)}
+    d = Driver(zygote, tmp_path / "stream", batches=3 + len(chain), options=opts, rows=rows)
+    for fault in chain:
+        d.kill_at(fault, sink="rolling")
+    d.finish()
+    check_output(d, list(range(d.batches * rows)), fmt, rows, pad)  # type: ignore[arg-type]
 
 
 def test_rolling_random_kills(zygote: Zygote, tmp_path: Path) -> None:
