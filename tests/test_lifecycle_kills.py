@@ -1,15 +1,20 @@
-"""Cheap real kills: an ``eosink.run`` stream's lifecycle SIGKILLed at every core fault point
-and at random instants, in a plain Python driver (tests/lifecycle_driver.py: eosink's real
-stream start, micro-batches, committer, meta store, journal and file sink; Spark's
-micro-batch execution simulated by its checkpoint's offsets and commits logs).
+"""Cheap real kills: ``eosink.run``'s lifecycle SIGKILLed at every core fault point, at each
+sink's own points and at random instants, in a plain Python driver (tests/lifecycle_driver.py:
+eosink's real stream start, micro-batches, committer, batch run, meta store, journal and
+sinks, their writers run through eosink's task code; Spark's micro-batch execution simulated
+by its checkpoint's offsets and commits logs).
 
 A Spark driver costs 7-11 CPU-seconds to start; this one well under one. So every core point
-of the stream is killed here at several epochs and in the chains the Spark crash tests ran
-(tests/test_crash.py keeps what needs Spark: its native writers' point, the kill around its
-own checkpoint, random kills of the whole JVM), and the driver is killed at random instants
-many times over. After each scenario an independent reader (pyarrow) compares the output
-with the input row by row, and the meta store must hold every epoch COMMITTED and nothing
-PENDING or ABORTED; nothing may be left staged.
+of the stream is killed here at several epochs and in the chains the Spark crash tests ran,
+and so are batch runs, the sql (PostgreSQL and SQLite targets), kafka, iceberg (local, S3,
+PostgreSQL catalog) and rolling file (local, S3) sinks' streams and batches, appends and
+change streams, each also killed at random instants many times over. The Spark crash tests
+(tests/test_crash.py and each sink's) keep what needs Spark: its native writers, the kill
+around its own checkpoint and query start, ``format("eosink")``, random kills of the whole
+JVM, executors. After each scenario the sink's crash test's own check reads the target
+independently (pyarrow, plain SQL, a confluent-kafka consumer, pyiceberg, boto3) and
+compares it with the input row by row; the meta store must hold every epoch COMMITTED and
+nothing PENDING or ABORTED; nothing may be left staged.
 """
 
 from __future__ import annotations
@@ -64,6 +69,17 @@ CHAINS = [
     # Epoch 1 checkpointed, not committed: the restart dies once the stream is set up (the
     # decision held for the first micro-batch), then inside and after that epoch's commit.
     ["before_commit@2", "stream_before_start", "mid_commit", "after_commit"],
+]
+# eosink.run's batch runs (tests/lifecycle_driver.py's ``batch``: the one function
+# eosink.run runs a batch with, eosink._run.run_batch; one epoch, 5, of every batch's rows,
+# written by three tasks). The first runs die before the epoch is PENDING (aborted and
+# written again), the next ones while finishing the PENDING epoch (before, inside and after
+# its commit, after COMMITTED); mid_abort between two tasks' staged data.
+BATCH = {"batch": True, "tasks": 3}
+BATCH_CHAINS = [
+    ["after_write_results", "after_pre_commit", "after_persist", "before_commit"],
+    ["after_persist", "mid_commit", "after_commit", "after_mark_committed"],
+    ["after_pre_commit", "mid_abort"],
 ]
 # Every driver point of the stream's protocol, killed alone the first, second and fourth time
 # it is reached (the first epoch; later ones, with the commits of earlier ones in flight).
@@ -246,18 +262,30 @@ class Driver:
 
 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
-@pytest.mark.parametrize("chain", CHAINS, ids=lambda c: "+".join(c))
+@pytest.mark.parametrize(
+    ("front", "chain"),
+    [("stream", c) for c in CHAINS] + [("batch", c) for c in BATCH_CHAINS],
+    ids=lambda v: v if isinstance(v, str) else "+".join(v),
+)
 def test_chain(
-    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, store: str, chain: list[str]
+    zygote: Zygote,
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    store: str,
+    front: str,
+    chain: list[str],
 ) -> None:
+    """A stream's chain, or a batch run's (``BATCH_CHAINS``), on each meta store."""
     url = metastore_for(store, request, tmp_path)
-    d = Driver(zygote, tmp_path / "stream", batches=3 + len(chain), url=url)
+    batch = front == "batch"
+    n = 4 if batch else 3 + len(chain)
+    d = Driver(zygote, tmp_path / front, batches=n, url=url, options=BATCH if batch else None)
     for fault in chain:
-        d.kill_at(fault)
+        d.kill_at(fault, front=f"run-{front}")
     d.finish()
     d.check()
-    if chain is CHAINS[1]:
-        d.finish()  # running the finished stream again changes nothing
+    if batch or chain is CHAINS[1]:
+        d.finish()  # running the finished stream or batch again changes nothing
         d.check()
 
 
@@ -270,23 +298,28 @@ def test_each_point_at_several_epochs(zygote: Zygote, tmp_path: Path, point: str
         d.check()
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgres"])
-def test_random_kills(
-    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, store: str
-) -> None:
-    """Kill the driver at random instants, again and again (each restart recovering from
-    the previous kill), until a run finishes; then check. Several streams, so that kills
-    land all over the lifecycle (start, writes, phase 1, the committer's commits, the end)."""
-    rng = random.Random(f"20261128-{store}")
-    url = metastore_for(store, request, tmp_path)
-    d = Driver(zygote, tmp_path / "whole", batches=BATCHES, url=url)
+def _random_kills(
+    new: Callable[[str], Driver],
+    rng: random.Random,
+    check: Callable[[Driver], None],
+    streams: int = 3,
+    attempts: int = 10,
+) -> tuple[int, int]:
+    """Streams (``new(name)``) killed at random instants, again and again (each restart
+    recovering from the previous kill, at most ``attempts`` kills a stream), then let finish
+    and checked (``check``). The instants are drawn within 60 % of how long an uninterrupted
+    stream takes here (the first one, checked too); at least two kills a stream must land.
+    Returns how many kills landed, and how many of them left an epoch PENDING (inside the
+    protocol)."""
+    d = new("whole")
     t0 = time.perf_counter()
-    d.finish()  # how long an uninterrupted run takes here: kills are drawn within it
+    d.finish()
     whole = time.perf_counter() - t0
-    kills = pending = 0  # pending: kills that left a PENDING epoch (inside the protocol)
-    for stream in range(STREAMS):
-        d = Driver(zygote, tmp_path / f"s{stream}", batches=BATCHES, url=url)
-        for _ in range(8):
+    check(d)
+    kills = pending = 0
+    for n in range(streams):
+        d = new(f"s{n}")
+        for _ in range(attempts):
             code = d.run(kill_after=rng.uniform(0.0, whole * 0.6))
             assert code in (0, -signal.SIGKILL), d.log[-3000:]
             if code == 0:
@@ -294,11 +327,29 @@ def test_random_kills(
             kills += 1
             pending += "PENDING" in d.states()
         d.finish()
-        d.check()
-    print(f"{kills} kills, {pending} with a PENDING epoch")
+        check(d)
+    print(f"{kills} kills in {streams} runs ({pending} with an epoch PENDING; {whole:.1f} s whole)")
+    assert kills >= 2 * streams, f"only {kills} kills landed"
+    return kills, pending
+
+
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_random_kills(
+    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, store: str
+) -> None:
+    """Kill the driver at random instants, again and again (each restart recovering from
+    the previous kill), until a run finishes; then check. Several streams, so that kills
+    land all over the lifecycle (start, writes, phase 1, the committer's commits, the end)."""
+    url = metastore_for(store, request, tmp_path)
+    kills, pending = _random_kills(
+        lambda name: Driver(zygote, tmp_path / name, batches=BATCHES, url=url),
+        random.Random(f"20261128-{store}"),
+        Driver.check,
+        streams=STREAMS,
+        attempts=8,
+    )
     # About 3-6 kills land per stream (23-53 seen, the fewer on a loaded machine, where the
     # calibrating run is slow too), most of them with an epoch PENDING.
-    assert kills >= STREAMS * 2, f"only {kills} kills landed"
     assert pending >= max(STREAMS, kills // 4), f"{pending} of {kills} kills left an epoch PENDING"
 
 
@@ -396,36 +447,6 @@ def test_rolling_random_kills(zygote: Zygote, tmp_path: Path) -> None:
         d.finish()
         check_output(d, list(range(d.batches * ROWS)), fmt, ROWS)  # type: ignore[arg-type]
     assert kills >= 8, f"only {kills} kills landed"
-
-
-def _random_kills(
-    new: Callable[[str], Driver],
-    rng: random.Random,
-    check: Callable[[Driver], None],
-    streams: int = 3,
-) -> None:
-    """Streams (``new(name)``) killed at random instants, again and again (each restart
-    recovering from the previous kill), then let finish and checked (``check``). The
-    instants are drawn within 60 % of how long an uninterrupted stream takes here (the first
-    one, checked too); at least two kills a stream must land."""
-    d = new("whole")
-    t0 = time.perf_counter()
-    d.finish()
-    whole = time.perf_counter() - t0
-    check(d)
-    kills = 0
-    for n in range(streams):
-        d = new(f"s{n}")
-        for _ in range(10):
-            code = d.run(kill_after=rng.uniform(0.0, whole * 0.6))
-            assert code in (0, -signal.SIGKILL), d.log[-3000:]
-            if code == 0:
-                break
-            kills += 1
-        d.finish()
-        check(d)
-    print(f"{kills} kills in {streams} streams (an uninterrupted one: {whole:.1f} s)")
-    assert kills >= 2 * streams, f"only {kills} kills landed"
 
 
 # The sql sink's stream (tests/test_sql_crash.py's jobs, their checks): a table on PostgreSQL
@@ -586,34 +607,6 @@ def test_kafka_random_kills(zygote: Zygote, kafka: Any, tmp_path: Path) -> None:
         random.Random("20261129-kafka"),
         lambda d: check_topic(d, list(range(d.batches * KAFKA_ROWS)), per_epoch=KAFKA_ROWS),  # type: ignore[arg-type]
     )
-
-
-# eosink.run's batch runs (tests/lifecycle_driver.py's ``batch``: the one function
-# eosink.run runs a batch with, eosink._run.run_batch; one epoch, 5, of every batch's rows,
-# written by three tasks). The first runs die before the epoch is PENDING (aborted and
-# written again), the next ones while finishing the PENDING epoch (before, inside and after
-# its commit, after COMMITTED); mid_abort between two tasks' staged data.
-BATCH = {"batch": True, "tasks": 3}
-BATCH_CHAINS = [
-    ["after_write_results", "after_pre_commit", "after_persist", "before_commit"],
-    ["after_persist", "mid_commit", "after_commit", "after_mark_committed"],
-    ["after_pre_commit", "mid_abort"],
-]
-
-
-@pytest.mark.parametrize("store", ["sqlite", "postgres"])
-@pytest.mark.parametrize("chain", BATCH_CHAINS, ids=lambda c: "+".join(c))
-def test_batch_chain(
-    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, store: str, chain: list[str]
-) -> None:
-    url = metastore_for(store, request, tmp_path)
-    d = Driver(zygote, tmp_path / "batch", batches=4, url=url, options=BATCH)
-    for fault in chain:
-        d.kill_at(fault, front="run-batch")
-    d.finish()
-    d.check()
-    d.finish()  # the finished batch again: epoch 5 is COMMITTED, nothing written twice
-    d.check()
 
 
 def test_batch_random_kills(zygote: Zygote, tmp_path: Path) -> None:
