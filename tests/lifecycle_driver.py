@@ -109,6 +109,77 @@ def _as_kafka_rows(
     return read
 
 
+def _parts(data: pa.RecordBatch, tasks: int, kafka_rows: bool) -> list[pa.RecordBatch]:
+    """``data`` split among ``tasks`` tasks: by key for the kafka sink (one key's rows in one
+    task: Spark's ``repartition(tasks, "grp")``), in slices otherwise."""
+    if kafka_rows:
+        keys = data.column("key").to_pylist()
+        return [
+            data.filter(pa.array([GROUPS.index(k) % tasks == t for k in keys]))
+            for t in range(tasks)
+        ]
+    step = -(-data.num_rows // tasks) or 1
+    return [data.slice(i, step) for i in range(0, max(data.num_rows, 1), step)]
+
+
+def _format(
+    url: str,
+    checkpoint: str,
+    batches: int,
+    rows: int,
+    sink_id: str,
+    sink: str,
+    options: dict[str, Any],
+    stream: bool,
+    source: Callable[[int, int], pa.RecordBatch],
+    parts: Callable[[pa.RecordBatch], list[pa.RecordBatch]],
+) -> None:
+    """``format("eosink")``'s run, its real data source (:mod:`eosink._datasource`) driven
+    as Spark drives a Python data source: the options as strings; ``streamWriter`` (or
+    ``writer``) once at the query's start; each task's ``write`` (here the function it
+    calls once it knows the micro-batch: ``_write``); each micro-batch's ``commit`` on a
+    pickled copy of the writer (Spark runs it in a fresh Python worker); ``abort`` when a
+    task failed."""
+    import pickle
+
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from eosink._datasource import EosinkDataSource, _write
+
+    raw = {
+        "sink": sink,
+        "sink_id": sink_id,
+        "metastore_url": url,
+        **{k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in options.items()},
+    }
+    spark_schema = from_arrow_schema(source(0, rows).schema)
+    ds = EosinkDataSource(
+        {**raw, "checkpointLocation": checkpoint} if stream else {**raw, "epoch": str(BATCH_EPOCH)}
+    )
+    if not stream:
+        bw = ds.writer(spark_schema, False)
+        whole = pa.Table.from_batches([source(b, rows) for b in range(batches)])
+        [data] = whole.combine_chunks().to_batches()
+        messages = [bw.write(iter([p])) for p in parts(data)]
+        pickle.loads(pickle.dumps(bw)).commit(messages)
+        return
+    sw = ds.streamWriter(spark_schema, False)
+    root = Path(checkpoint)
+    last = CheckpointDir(None, checkpoint).last_committed_batch()
+    for b in range(0 if last is None else last + 1, batches):
+        _log_entry(root, "offsets", b, f'v1\n{{"batch": {b}}}\n')
+        try:
+            messages = [
+                _write(sw.s, sw.base + b, False, iter([p]), sw.setup)
+                for p in parts(source(b, rows))
+            ]
+        except BaseException:
+            pickle.loads(pickle.dumps(sw)).abort([], b)
+            raise
+        pickle.loads(pickle.dumps(sw)).commit(messages, b)
+        _log_entry(root, "commits", b, 'v1\n{"nextBatchWatermarkMs":0}\n')
+
+
 def _log_entry(ckpt: Path, log: str, batch_id: int, text: str) -> None:
     """Spark's HDFSMetadataLog: a temporary file renamed into ``<log>/<batch_id>``."""
     d = ckpt / log
@@ -136,6 +207,8 @@ def main(
     * ``batch``: true runs ``eosink.run``'s batch of epoch :data:`BATCH_EPOCH`
       (:func:`eosink._run.run_batch`, every batch's rows in that one epoch) instead of a
       stream;
+    * ``front``: ``"format"`` runs ``format("eosink")``'s data source (:func:`_format`)
+      instead of ``eosink.run``;
     * ``sink``: another sink than the file sink (its options are ``more`` alone);
     * ``tasks``: how many writers share a micro-batch's rows, as Spark's tasks would (1);
     * ``kafka_rows``: true makes the kafka sink's ``key`` and ``value`` columns of the
@@ -151,6 +224,7 @@ def main(
     tasks = int(more.pop("tasks", 1))
     kafka_rows = bool(more.pop("kafka_rows", False))
     stream = not more.pop("batch", False)
+    front = more.pop("front", "run")
     pad = int(more.pop("pad", 0))
     source = _source(more.pop("input", None), more.get("op_column") == "op", pad)
     options: dict[str, Any] = (
@@ -161,6 +235,12 @@ def main(
     if kafka_rows:
         source = _as_kafka_rows(source)
     schema = source(0, rows).schema
+    if front == "format":
+        _format(
+            url, checkpoint, batches, rows, sink_id, sink, options, stream, source,
+            lambda data: _parts(data, tasks, kafka_rows),
+        )  # fmt: skip
+        return
     setup = prepare_sink(
         sink,
         options,
@@ -177,15 +257,7 @@ def main(
         """``data`` written by ``tasks`` writers (Spark's tasks); on an error the epoch is
         discarded (as :func:`eosink._stream.write_or_discard` does)."""
         t0 = time.perf_counter()
-        if kafka_rows:  # one key's rows in one task (Spark's repartition(tasks, "grp"))
-            keys = data.column("key").to_pylist()
-            parts = [
-                [data.filter(pa.array([GROUPS.index(k) % tasks == t for k in keys]))]
-                for t in range(tasks)
-            ]
-        else:
-            step = -(-data.num_rows // tasks) or 1
-            parts = [[data.slice(i, step)] for i in range(0, max(data.num_rows, 1), step)]
+        parts = [[p] for p in _parts(data, tasks, kafka_rows)]
         try:
             results = drive_writers(
                 setup.plugin, setup.options, setup.sink_id, ep.epoch, parts, ep.setup(schema)

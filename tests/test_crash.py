@@ -71,31 +71,15 @@ STREAM_FAULTS = [
 # kills: tests/test_lifecycle_kills.py (eosink._run.run_batch without Spark), which caught
 # the deliberately broken variants the chains here caught (docs/testing.md).
 BATCH_FAULTS = [["after_spark_write", "before_commit"]]
-# format("eosink") streams (its driver side runs in Spark's Python workers: the whole driver
-# is killed when a point fires there): phase 2 inline, then the core's other points. The
-# lineage file is written at the first run only: that chain starts with it.
-DS_FAULTS = [
-    ["after_persist@2", "mid_commit@2", "after_commit@3"],
-    [
-        "after_lineage_written",
-        "after_write_results@2",
-        "after_pre_commit@2",
-        "before_commit@2",
-        "after_mark_committed@2",
-    ],
-]
-# format("eosink") batches (one epoch, 5): before it is PENDING, then while finishing it.
-DS_BATCH_FAULTS = [
-    [
-        "after_write_results",
-        "after_pre_commit",
-        "after_persist",
-        "before_commit",
-        "mid_commit",
-        "after_commit",
-        "after_mark_committed",
-    ]
-]
+# format("eosink") streams and batches (its driver side runs in Spark's Python workers: the
+# whole driver is killed when a point fires there): phase 2 inline, killed in the worker's
+# commit and around it. The data source's other core points (the lineage file, phase 1,
+# after COMMITTED) are killed in tests/test_lifecycle_kills.py, which drives the same data
+# source without Spark, as Spark drives it, and caught the broken variants these chains
+# caught (docs/testing.md).
+DS_FAULTS = [["after_persist@2", "mid_commit@2", "after_commit@3"]]
+# format("eosink") batches (one epoch, 5): PENDING, then killed inside its commit.
+DS_BATCH_FAULTS = [["after_persist", "mid_commit"]]
 
 # Also on PostgreSQL (the protocol's SQL differs per dialect; test_metastore.py covers the
 # store's semantics on both): a crash while aborting. The front ends share the store's code:

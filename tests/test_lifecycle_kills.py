@@ -165,6 +165,8 @@ class Driver:
         self.options = options
         # As harness.Job's, for the sinks' checks (expected_epochs...): "stream" or "batch".
         self.mode = "batch" if (options or {}).get("batch") else "stream"
+        if (options or {}).get("front") == "format":  # harness.Job's names
+            self.mode = f"ds-{self.mode}"
         self.rows = rows  # a micro-batch's
         self.zygote = zygote
         self.tmp = tmp
@@ -218,7 +220,7 @@ class Driver:
         """The iceberg sink's options of this driver (to read the table independently)."""
         import eosink
 
-        own = {"sink", "tasks", "kafka_rows", "batch", "input", "pad"}
+        own = {"sink", "tasks", "kafka_rows", "batch", "input", "pad", "front"}
         opts = {k: v for k, v in self.sink_options.items() if k not in own}
         return eosink.get_sink("iceberg").parse_options(opts)
 
@@ -776,3 +778,37 @@ def test_iceberg_cdc_random_kills(
         return d
 
     _random_kills(new, random.Random("20261129-iceberg-cdc"), _check_cdc)  # type: ignore[arg-type]
+
+
+# format("eosink"): its data source driven as Spark drives it (tests/lifecycle_driver.py's
+# ``front`` "format": the stream writer made once per start, each micro-batch's commit on a
+# fresh copy of it, as in a new Python worker; phase 2 inline), with test_crash.py's chains.
+FORMAT_CHAINS = [
+    ("stream", ["after_persist@2", "mid_commit@2", "after_commit@3"]),
+    (
+        "stream",
+        [
+            "after_lineage_written",
+            "after_write_results@2",
+            "after_pre_commit@2",
+            "before_commit@2",
+            "after_mark_committed@2",
+        ],
+    ),
+    ("batch", POINTS),  # every point of an epoch's life, one per run
+]
+
+
+@pytest.mark.parametrize(
+    ("front", "chain"), FORMAT_CHAINS, ids=[f"{f}-{'+'.join(c)}" for f, c in FORMAT_CHAINS]
+)
+def test_format_chain(zygote: Zygote, tmp_path: Path, front: str, chain: list[str]) -> None:
+    batch = front == "batch"
+    opts: dict[str, Any] = {"front": "format", "tasks": 2, "batch": batch}
+    d = Driver(zygote, tmp_path / front, batches=4 if batch else 3 + len(chain), options=opts)
+    for fault in chain:
+        d.kill_at(fault, front=f"format-{front}")
+    d.finish()
+    d.check()
+    d.finish()  # the finished stream or batch again: nothing twice
+    d.check()
