@@ -286,8 +286,14 @@ class _StreamWriter(_StreamBase):
 
         tc = TaskContext.get()
         batch_id = int(tc.getLocalProperty("streaming.sql.batchId") or 0) if tc else 0
-        batches = _as_batches(iterator, self.schema)
-        return _write(self.s, self.base + batch_id, False, batches, self.setup)
+        return self.write_batch(iterator, batch_id)
+
+    def write_batch(self, iterator: Iterator[Any], batch_id: int) -> _Message:
+        """A task's write of micro-batch ``batch_id`` (``write`` reads it from the task's
+        context)."""
+        return _write(
+            self.s, self.base + batch_id, False, _as_batches(iterator, self.schema), self.setup
+        )
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         epoch = self.base + batchId

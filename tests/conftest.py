@@ -287,6 +287,28 @@ def s3_catalog(endpoint: str, catalog_uri: str) -> dict[str, str]:
     }
 
 
+@pytest.fixture
+def s3_location(request: pytest.FixtureRequest) -> Any:
+    """A function that creates a fresh bucket on the S3 server and returns the file sink's
+    options of a prefix in it."""
+
+    def make() -> dict[str, Any]:
+        from harness import s3_client
+
+        endpoint = str(request.getfixturevalue("s3_endpoint"))
+        bucket = f"roll-{uuid.uuid4().hex[:12]}"
+        s3_client(endpoint).create_bucket(Bucket=bucket)
+        return {
+            "path": f"s3://{bucket}/out",
+            "s3_endpoint_url": endpoint,
+            "s3_region": "us-east-1",
+            "s3_access_key_id": "testing",
+            "s3_secret_access_key": "testing",
+        }
+
+    return make
+
+
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A real single-node Apache Kafka (KRaft) on 127.0.0.1, jars from Maven Central."""

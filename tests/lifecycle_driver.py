@@ -31,7 +31,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,9 @@ from eosink._write import Written
 from eosink.testing import drive_writers
 
 BATCH_EPOCH = 5
-"""The epoch of a batch run (``mode`` ``"batch"``), as tests/crashjob.py's batch jobs."""
+"""The epoch of a batch run (option ``batch``), as tests/crashjob.py's batch jobs."""
+DRIVER_KEYS = frozenset({"batch", "front", "sink", "tasks", "kafka_rows", "pad", "input"})
+"""The options that are this driver's, not the sink's (:func:`main`; ``op_column`` is both)."""
 SCHEMA = pa.schema([("id", pa.int64()), ("grp", pa.string()), ("payload", pa.string())])
 
 
@@ -131,20 +133,21 @@ def _format(
     sink: str,
     options: dict[str, Any],
     stream: bool,
+    schema: pa.Schema,
     source: Callable[[int, int], pa.RecordBatch],
     parts: Callable[[pa.RecordBatch], list[pa.RecordBatch]],
 ) -> None:
     """``format("eosink")``'s run, its real data source (:mod:`eosink._datasource`) driven
     as Spark drives a Python data source: the options as strings; ``streamWriter`` (or
-    ``writer``) once at the query's start; each task's ``write`` (here the function it
-    calls once it knows the micro-batch: ``_write``); each micro-batch's ``commit`` on a
-    pickled copy of the writer (Spark runs it in a fresh Python worker); ``abort`` when a
-    task failed."""
+    ``writer``) once at the query's start; each task's ``write`` (a stream's through
+    ``write_batch``, given the micro-batch ``write`` reads from the task's context); each
+    micro-batch's ``commit`` on a pickled copy of the writer (Spark runs it in a fresh
+    Python worker); ``abort`` when a task failed."""
     import pickle
 
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    from eosink._datasource import EosinkDataSource, _write
+    from eosink._datasource import EosinkDataSource
 
     raw = {
         "sink": sink,
@@ -152,31 +155,43 @@ def _format(
         "metastore_url": url,
         **{k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in options.items()},
     }
-    spark_schema = from_arrow_schema(source(0, rows).schema)
+    spark_schema = from_arrow_schema(schema)
     ds = EosinkDataSource(
         {**raw, "checkpointLocation": checkpoint} if stream else {**raw, "epoch": str(BATCH_EPOCH)}
     )
     if not stream:
         bw = ds.writer(spark_schema, False)
-        whole = pa.Table.from_batches([source(b, rows) for b in range(batches)])
-        [data] = whole.combine_chunks().to_batches()
-        messages = [bw.write(iter([p])) for p in parts(data)]
+        messages = [bw.write(iter([p])) for p in parts(_all_rows(source, batches, rows))]
         pickle.loads(pickle.dumps(bw)).commit(messages)
         return
     sw = ds.streamWriter(spark_schema, False)
-    root = Path(checkpoint)
-    last = CheckpointDir(None, checkpoint).last_committed_batch()
-    for b in range(0 if last is None else last + 1, batches):
-        _log_entry(root, "offsets", b, f'v1\n{{"batch": {b}}}\n')
+    for b in _micro_batches(checkpoint, batches):
         try:
-            messages = [
-                _write(sw.s, sw.base + b, False, iter([p]), sw.setup)
-                for p in parts(source(b, rows))
-            ]
+            messages = [sw.write_batch(iter([p]), b) for p in parts(source(b, rows))]
         except BaseException:
             pickle.loads(pickle.dumps(sw)).abort([], b)
             raise
         pickle.loads(pickle.dumps(sw)).commit(messages, b)
+
+
+def _all_rows(
+    source: Callable[[int, int], pa.RecordBatch], batches: int, rows: int
+) -> pa.RecordBatch:
+    """Every batch's rows in one record batch: a batch run's one epoch."""
+    whole = pa.Table.from_batches([source(b, rows) for b in range(batches)])
+    [data] = whole.combine_chunks().to_batches()
+    return data
+
+
+def _micro_batches(checkpoint: str, batches: int) -> Iterator[int]:
+    """Spark's micro-batch loop over the checkpoint: from the first batch without a commit
+    entry, each batch's offsets entry written before it runs (the caller's loop body) and
+    its commit entry after the body returned (not when it raised)."""
+    root = Path(checkpoint)
+    last = CheckpointDir(None, checkpoint).last_committed_batch()
+    for b in range(0 if last is None else last + 1, batches):
+        _log_entry(root, "offsets", b, f'v1\n{{"batch": {b}}}\n')
+        yield b
         _log_entry(root, "commits", b, 'v1\n{"nextBatchWatermarkMs":0}\n')
 
 
@@ -237,7 +252,7 @@ def main(
     schema = source(0, rows).schema
     if front == "format":
         _format(
-            url, checkpoint, batches, rows, sink_id, sink, options, stream, source,
+            url, checkpoint, batches, rows, sink_id, sink, options, stream, schema, source,
             lambda data: _parts(data, tasks, kafka_rows),
         )  # fmt: skip
         return
@@ -270,8 +285,7 @@ def main(
     runtime = open_runtime(setup)
     if not stream:  # eosink.run's batch: every batch's rows in one epoch
         try:
-            whole = pa.Table.from_batches([source(b, rows) for b in range(batches)], schema)
-            [data] = whole.combine_chunks().to_batches()
+            data = _all_rows(source, batches, rows)
             run_batch(runtime, BATCH_EPOCH, lambda ep: written(ep, data))
         finally:
             runtime.close()
@@ -291,13 +305,9 @@ def main(
         return written(ep, source(int(batch), rows))
 
     live.write = write
-    root = Path(checkpoint)
-    last = ckpt.last_committed_batch()
     try:
-        for b in range(0 if last is None else last + 1, batches):
-            _log_entry(root, "offsets", b, f'v1\n{{"batch": {b}}}\n')
+        for b in _micro_batches(checkpoint, batches):
             fn(b, b)
-            _log_entry(root, "commits", b, 'v1\n{"nextBatchWatermarkMs":0}\n')
     finally:
         close_live(live)
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,6 @@ from harness import (
     payload,
     read_output_rows,
     run_with_random_kills,
-    s3_client,
 )
 
 pytestmark = pytest.mark.crash
@@ -110,26 +108,6 @@ CASES = [
     _case("local", "ds-stream", "json", ["roll_before_publish"], max_row_count=2 * ROWS),
     _case("local", "ds-batch", "json", ["roll_after_drop"], partitioned=True, max_row_count=10**9),
 ]
-
-
-@pytest.fixture
-def s3_location(request: pytest.FixtureRequest) -> Any:
-    """A function that creates a fresh bucket on the S3 server and returns the file sink's
-    options of a prefix in it."""
-
-    def make() -> dict[str, Any]:
-        endpoint = str(request.getfixturevalue("s3_endpoint"))
-        bucket = f"roll-{uuid.uuid4().hex[:12]}"
-        s3_client(endpoint).create_bucket(Bucket=bucket)
-        return {
-            "path": f"s3://{bucket}/out",
-            "s3_endpoint_url": endpoint,
-            "s3_region": "us-east-1",
-            "s3_access_key_id": "testing",
-            "s3_secret_access_key": "testing",
-        }
-
-    return make
 
 
 def _job(

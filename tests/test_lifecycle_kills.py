@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,6 @@ from harness import (
     fired_points,
     fired_sites,
     record_coverage,
-    s3_client,
 )
 
 from eosink.testing import CRASH_POINTS
@@ -218,10 +216,11 @@ class Driver:
 
     def iceberg_options(self) -> Any:
         """The iceberg sink's options of this driver (to read the table independently)."""
+        from lifecycle_driver import DRIVER_KEYS
+
         import eosink
 
-        own = {"sink", "tasks", "kafka_rows", "batch", "input", "pad", "front"}
-        opts = {k: v for k, v in self.sink_options.items() if k not in own}
+        opts = {k: v for k, v in self.sink_options.items() if k not in DRIVER_KEYS}
         return eosink.get_sink("iceberg").parse_options(opts)
 
     def output(self) -> Output:
@@ -404,21 +403,11 @@ S3_ROLLING = [
     ("fmt", "chain"), S3_ROLLING, ids=lambda v: v if isinstance(v, str) else "+".join(v)
 )
 def test_rolling_s3_chain(
-    zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, fmt: str, chain: list[str]
+    zygote: Zygote, s3_location: Any, tmp_path: Path, fmt: str, chain: list[str]
 ) -> None:
     from test_file_rolling_crash import BIG_PAD, BIG_ROWS, check_output
 
-    endpoint = str(request.getfixturevalue("s3_endpoint"))
-    bucket = f"roll-{uuid.uuid4().hex[:12]}"
-    s3_client(endpoint).create_bucket(Bucket=bucket)
-    opts: dict[str, Any] = {
-        "format": fmt,
-        "path": f"s3://{bucket}/out",
-        "s3_endpoint_url": endpoint,
-        "s3_region": "us-east-1",
-        "s3_access_key_id": "testing",
-        "s3_secret_access_key": "testing",
-    }
+    opts: dict[str, Any] = {"format": fmt, **s3_location()}
     rows, pad = ROWS, 0
     if fmt == "json":  # unpartitioned: each micro-batch one part of one slot
         rows, pad = BIG_ROWS, BIG_PAD
@@ -473,10 +462,10 @@ def pg_target() -> Iterator[str]:
 
 
 def _sql(
-    zygote: Zygote, tmp: Path, url: str, batches: int, cdc: bool = False, mode: str = "stream"
+    zygote: Zygote, tmp: Path, url: str, batches: int, cdc: bool = False, batch: bool = False
 ) -> Driver:
-    """A driver of the sql sink's stream into ``url`` (as test_sql_crash's ``sql_job``);
-    ``cdc``: its change stream over ``batches`` change files."""
+    """A driver of the sql sink's stream (``batch``: batch run) into ``url`` (as
+    test_sql_crash's ``sql_job``); ``cdc``: its change stream over ``batches`` change files."""
     from harness import make_cdc_input
     from test_sql_crash import SCHEMA, TABLE
 
@@ -487,7 +476,7 @@ def _sql(
         "create_table": True,
         "staging_schema": SCHEMA,
         "tasks": 2,  # two staging tables an epoch (mid_abort fires between their drops)
-        "batch": mode == "batch",
+        "batch": batch,
     }
     if cdc:
         make_cdc_input(tmp / "input", files=batches, rows=ROWS)
@@ -574,11 +563,11 @@ KAFKA_CHAINS = [
 KAFKA_ROWS = 60
 
 
-def _kafka(zygote: Zygote, kafka: Any, tmp: Path, batches: int, mode: str = "stream") -> Driver:
+def _kafka(zygote: Zygote, kafka: Any, tmp: Path, batches: int, batch: bool = False) -> Driver:
     from harness import kafka_sink_options
 
     opts = kafka_sink_options(kafka, tmp, "lifecycle", chunk_bytes=1024)
-    opts |= {"sink": "kafka", "kafka_rows": True, "tasks": 3, "batch": mode == "batch"}
+    opts |= {"sink": "kafka", "kafka_rows": True, "tasks": 3, "batch": batch}
     # 60 rows a micro-batch: a slot's epoch spans two or more chunks (transactions).
     return Driver(zygote, tmp, batches=batches, options=opts, rows=KAFKA_ROWS)
 
@@ -622,7 +611,7 @@ def test_batch_random_kills(zygote: Zygote, tmp_path: Path) -> None:
 
 
 def test_sql_batch_chain(zygote: Zygote, tmp_path: Path, pg_target: str) -> None:
-    d = _sql(zygote, tmp_path / "batch", pg_target, batches=4, mode="batch")
+    d = _sql(zygote, tmp_path / "batch", pg_target, batches=4, batch=True)
     for fault in ["after_pre_commit", "mid_abort", "after_persist", "mid_commit", "after_commit"]:
         d.kill_at(fault, sink="sql-pg", front="run-batch")
     d.finish()
@@ -633,7 +622,7 @@ def test_sql_batch_chain(zygote: Zygote, tmp_path: Path, pg_target: str) -> None
 
 def test_sql_sqlite_target_batch_chain(zygote: Zygote, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'target.sqlite'}"
-    d = _sql(zygote, tmp_path / "batch", url, batches=4, mode="batch")
+    d = _sql(zygote, tmp_path / "batch", url, batches=4, batch=True)
     for fault in ["after_pre_commit", "mid_abort", "mid_commit"]:
         d.kill_at(fault, sink="sql-sqlite", front="run-batch")
     d.finish()
@@ -654,7 +643,7 @@ KAFKA_BATCH_CHAINS = [
 def test_kafka_batch_chain(zygote: Zygote, kafka: Any, tmp_path: Path, chain: list[str]) -> None:
     from test_kafka_crash import check_topic
 
-    d = _kafka(zygote, kafka, tmp_path / "batch", batches=4, mode="batch")
+    d = _kafka(zygote, kafka, tmp_path / "batch", batches=4, batch=True)
     for fault in chain:
         d.kill_at(fault, sink="kafka", front="run-batch")
     d.finish()
@@ -712,11 +701,20 @@ ICEBERG_CDC_CHAINS = [
 
 
 def _iceberg(
-    zygote: Zygote, request: pytest.FixtureRequest, tmp: Path, kind: str, batches: int
+    zygote: Zygote,
+    request: pytest.FixtureRequest,
+    tmp: Path,
+    kind: str,
+    batches: int,
+    cdc: bool = False,
 ) -> Driver:
     """A driver of the iceberg sink's stream into table ``db.events`` of a ``kind``
     catalog: "sqlite" (a local warehouse), "postgres" (a PostgreSQL catalog, also the meta
-    store) or "s3" (a warehouse on the S3 server)."""
+    store) or "s3" (a warehouse on the S3 server); ``cdc``: its change stream over
+    ``batches`` change files (as test_iceberg_cdc's crash jobs)."""
+    from harness import make_cdc_input
+    from test_iceberg_cdc import CRASH_CDC
+
     url = ""
     opts: dict[str, Any] = {"sink": "iceberg", "table": "db.events", "tasks": 2}
     if kind == "s3":
@@ -729,7 +727,9 @@ def _iceberg(
         opts["catalog"] = {"type": "sql", "uri": url, "warehouse": f"file://{tmp / 'out'}"}
     else:
         opts["warehouse"] = str(tmp / "out")
-    tmp.mkdir(parents=True, exist_ok=True)
+    if cdc:
+        make_cdc_input(tmp / "input", files=batches, rows=ROWS)
+        opts |= {**CRASH_CDC, "input": str(tmp / "input")}
     return Driver(zygote, tmp, batches=batches, url=url, options=opts)
 
 
@@ -752,12 +752,9 @@ def test_iceberg_chain(
 def test_iceberg_cdc_chain(
     zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path, chain: list[str]
 ) -> None:
-    from harness import make_cdc_input
-    from test_iceberg_cdc import CRASH_CDC, _check_cdc
+    from test_iceberg_cdc import _check_cdc
 
-    d = _iceberg(zygote, request, tmp_path / "stream", "sqlite", batches=3 + len(chain))
-    make_cdc_input(d.tmp / "input", files=d.batches, rows=ROWS)
-    d.options = {**(d.options or {}), **CRASH_CDC, "input": str(d.tmp / "input")}
+    d = _iceberg(zygote, request, tmp_path / "stream", "sqlite", batches=3 + len(chain), cdc=True)
     for fault in chain:
         d.kill_at(fault, sink="iceberg")
     d.finish()
@@ -768,16 +765,13 @@ def test_iceberg_cdc_random_kills(
     zygote: Zygote, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """The change stream into Iceberg killed at random instants, again and again."""
-    from harness import make_cdc_input
-    from test_iceberg_cdc import CRASH_CDC, _check_cdc
+    from test_iceberg_cdc import _check_cdc
 
-    def new(name: str) -> Driver:
-        d = _iceberg(zygote, request, tmp_path / name, "sqlite", batches=10)
-        make_cdc_input(d.tmp / "input", files=d.batches, rows=ROWS)
-        d.options = {**(d.options or {}), **CRASH_CDC, "input": str(d.tmp / "input")}
-        return d
-
-    _random_kills(new, random.Random("20261129-iceberg-cdc"), _check_cdc)  # type: ignore[arg-type]
+    _random_kills(
+        lambda name: _iceberg(zygote, request, tmp_path / name, "sqlite", batches=10, cdc=True),
+        random.Random("20261129-iceberg-cdc"),
+        _check_cdc,  # type: ignore[arg-type]
+    )
 
 
 # format("eosink"): its data source driven as Spark drives it (tests/lifecycle_driver.py's
