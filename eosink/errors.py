@@ -165,7 +165,9 @@ class MetaStoreUnavailableError(MetaStoreError):
 
 
 class SchemaOutdatedError(MetaStoreError):
-    """The meta store's schema is older than this version of eosink."""
+    """State written by another version of eosink than this one: a meta store of an older
+    schema revision (``eosink db upgrade``) or a newer one, or a PENDING epoch whose
+    committable a newer eosink or sink plugin wrote (after a downgrade). Nothing was changed."""
 
 
 class InvalidTransitionError(MetaStoreError):

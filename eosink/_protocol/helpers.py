@@ -8,6 +8,7 @@ from typing import Any
 from .._rules import (
     KnownEpoch,
 )
+from ..errors import SchemaOutdatedError
 
 
 def _known(r: Any) -> KnownEpoch:
@@ -24,3 +25,23 @@ def _span(epochs: Sequence[int]) -> str:
         else:
             runs.append([e, e])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _committable(plugin: Any, sink_id: str, rec: Any) -> Any:
+    """An epoch row's committable, decoded by ``plugin``'s codec.
+
+    Raises:
+        SchemaOutdatedError: a newer eosink (or plugin) staged the epoch: its committable's
+            version is above what this codec reads (after a downgrade). Nothing of the epoch
+            was changed; the eosink that staged it finishes it.
+    """
+    codec = plugin.committable_codec
+    if rec.codec_version > codec.version:
+        raise SchemaOutdatedError(
+            f"sink {sink_id} epoch {rec.epoch} ({rec.status}) was staged by a newer eosink: its "
+            f"committable has version {rec.codec_version}, and the {plugin.name} sink here "
+            f"reads up to version {codec.version}. Nothing of it was changed. Run the job "
+            "with the eosink (and sink plugin) version that staged it, which finishes the "
+            "epoch; downgrade only after that"
+        )
+    return codec.decode(rec.committable, rec.codec_version)

@@ -28,6 +28,7 @@ from ..sink import (
     Prepared,
 )
 from .figures import FIGURES_KEPT, EpochFigures
+from .helpers import _committable
 from .state import _State
 
 log = logging.getLogger("eosink")
@@ -41,7 +42,7 @@ class _Phases(_State):
         rec = self.store.epoch(self.sink_id, epoch)
         assert rec is not None and rec.status == PENDING and rec.committable is not None
         log.info("sink %s epoch %d: finishing the commit of a crashed run", self.sink_id, epoch)
-        c = self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
+        c = _committable(self.plugin, self.sink_id, rec)
         _metrics.epoch_pending(self.sink_id, self.plugin.name, epoch, rec.created_at)
         fig = EpochFigures(
             rec.epoch,

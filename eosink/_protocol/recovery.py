@@ -24,7 +24,7 @@ from ..faults import fault_point
 from ..sink import (
     StagedEpochs,
 )
-from .helpers import _known
+from .helpers import _committable, _known
 from .phases import _Phases
 
 log = logging.getLogger("eosink")
@@ -120,11 +120,7 @@ class _Recovery(_Phases):
 
     def _finish_aborted(self, rec: Any) -> bool:
         """Abort an ABORTED epoch's staged data and delete its row; False if the abort raised."""
-        c = (
-            self.plugin.committable_codec.decode(rec.committable, rec.codec_version)
-            if rec.committable is not None
-            else None
-        )
+        c = _committable(self.plugin, self.sink_id, rec) if rec.committable is not None else None
         fault_point("recovery_before_abort")
         if self._abort(rec.epoch, c):
             target = self.target_journal()
