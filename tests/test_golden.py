@@ -267,7 +267,47 @@ def test_what_a_downgrade_meets(zygote: Zygote) -> None:
 def test_every_case_has_its_state() -> None:
     """Each case here has a state of the newest release, and each state a case."""
     vdir = _version_dir()
-    assert sorted(p.name.removesuffix(".tar.gz") for p in vdir.glob("*.tar.gz")) == sorted(CASES)
+    states = sorted(p.name.removesuffix(".tar.gz") for p in vdir.glob("*.tar.gz"))
+    assert states == sorted([*CASES, SCAFFOLD])
+
+
+SCAFFOLD = "scaffold"
+"""The archive of the plugin package ``eosink new-sink scaffold_frozen`` made at that release."""
+
+
+def test_a_plugin_made_by_an_older_scaffold_passes_the_conformance_suite(tmp_path: Path) -> None:
+    """A third-party plugin as ``eosink new-sink`` generated it at the older release, left
+    as it was, installed the way its README says, passes this eosink's conformance suite
+    (``eosink.testing.SinkConformance``: every phase of the contract, a simulated crash at
+    every fault point, recovery through this core) and the sink's own tests. (Its Spark crash
+    test is tests/test_scaffold.py's, on a package made now.)"""
+    import xml.etree.ElementTree as ET
+
+    from test_scaffold import OWN_TESTS, _child_env, _conformance_tests, _throwaway_env, _uv
+
+    with tarfile.open(_version_dir() / f"{SCAFFOLD}.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    (pkg,) = tmp_path.glob("eosink-*")
+    python = _throwaway_env(tmp_path)
+    env = _child_env(python)
+    install = [_uv(), "pip", "install", "-q", "--python", str(python), "--no-deps", "-e"]
+    subprocess.run([*install, str(pkg)], check=True, env=env)
+    report = tmp_path / "report.xml"
+    argv = ["-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={report}"]
+    out = subprocess.run(
+        [str(python), *argv, "tests/test_conformance.py"],
+        cwd=pkg,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
+    suite = ET.parse(report).getroot().find("testsuite")
+    assert suite is not None
+    counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
+    expected = _conformance_tests() + OWN_TESTS
+    assert counts == {"tests": expected, "failures": 0, "errors": 0, "skipped": 0}, out.stdout
 
 
 def make(version_dir: Path) -> None:
@@ -311,6 +351,15 @@ def make(version_dir: Path) -> None:
     finally:
         z.close()
     (version_dir / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    # A plugin package as this release's scaffold generates it.
+    import tempfile
+
+    from eosink._scaffold import new_sink
+
+    with tempfile.TemporaryDirectory() as tmp:
+        pkg = new_sink("scaffold_frozen", Path(tmp))
+        with tarfile.open(version_dir / f"{SCAFFOLD}.tar.gz", "w:gz") as tar:
+            tar.add(pkg, arcname=pkg.name)
 
 
 if __name__ == "__main__":
