@@ -353,10 +353,10 @@ def open_stream_batches(
         max_pending_epochs=max_pending_epochs,
     )
     batches = StreamBatches(settings, figures=[] if figures is None else figures)
+    fault_point("stream_before_start")  # before this process's threads start
     if not ckpt.connect:
         committer = None if inline else AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
         batches.live = _Live(runtime, committer, batches.figures, Roller.start_for(runtime))
-    fault_point("stream_before_start")
     return batches, base, first
 
 

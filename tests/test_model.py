@@ -5,11 +5,15 @@ interleavings of what users and crashes do, and checks after every step what bec
 What runs for real: the core's protocol (``eosink._protocol``), the meta store, the journals
 (the stream's in its checkpoint, the batch runs' beside the target), the file sink's
 coordinator and its writers through eosink's task code (:func:`eosink.testing.drive_writers`).
-What is simulated: Spark. A stream is driven the way ``eosink.run`` drives it (the sequence of
-``eosink._run._start_stream``, ``eosink._stream.StreamBatches`` and the ``AsyncCommitter``, one
-step at a time), and Spark's checkpoint is a directory whose ``commits/<batch>`` file the model
-writes when a micro-batch's function returns; a batch planned once keeps its rows when it is
-re-run (Spark's offsets log). A crash is a fault point raising in-process
+What is simulated: Spark. A stream runs ``eosink.run``'s own lifecycle, with no copy of its
+order: :func:`eosink._stream.open_stream_batches` starts it, its ``foreachBatch`` function
+(:class:`eosink._stream.StreamBatches`) runs each micro-batch, the real
+:class:`~eosink._protocol.AsyncCommitter` commits in its own thread behind its checkpoint gate
+(which the model narrows: one epoch per ``async_commit`` step, so that the steps interleave
+as the model draws them), and :func:`eosink._stream.close_live` ends it. A batch run is
+:func:`eosink._run.run_batch`. Spark's checkpoint is a directory whose ``commits/<batch>`` file
+the model writes when a micro-batch's function returns; a batch planned once keeps its rows
+when it is re-run (Spark's offsets log). A crash is a fault point raising in-process
 (:func:`eosink.faults.simulate`): the crashed driver's objects are abandoned and the next
 driver is built from the meta store, the checkpoint and the target, as a restarted process is.
 
@@ -48,7 +52,6 @@ import os
 import shutil
 import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +74,8 @@ from hypothesis.stateful import (
 from eosink._checkpoint import CheckpointDir
 from eosink._metastore import BATCH, MetaStore
 from eosink._protocol import SinkRuntime
+from eosink._setup import SinkSetup
+from eosink._stream import StreamBatches, _Live, close_live, open_stream_batches
 from eosink._write import Written
 from eosink.errors import (
     EosinkError,
@@ -79,7 +84,7 @@ from eosink.errors import (
     SinkIdentityError,
     UnfinishedRunError,
 )
-from eosink.faults import DRIVER_FAULT_POINTS, SimulatedCrash, fault_point, simulate
+from eosink.faults import DRIVER_FAULT_POINTS, SimulatedCrash, simulate
 from eosink.registry import get_sink
 from eosink.testing import drive_writers
 
@@ -127,23 +132,59 @@ class Stream:
 
 @dataclass
 class Driver:
-    """A stream's live driver: its coordinator and the AsyncCommitter's queue."""
+    """A stream's live driver: what :func:`eosink._stream.open_stream_batches` returned (the
+    ``foreachBatch`` function, its coordinator and its real :class:`AsyncCommitter`)."""
 
-    rt: SinkRuntime
+    fn: StreamBatches
     stream: Stream
-    base: int
     inline: bool
-    resumed: bool = False
-    queue: list[tuple[int, Any, Any]] = field(default_factory=list)
+    queue: list[int] = field(default_factory=list)
+    """The epochs handed to the committer and not committed yet, oldest first."""
+    allowed: int = -1
+    """The newest epoch the committer may commit (its checkpoint gate is ANDed with it): the
+    model decides when the committer's thread commits, one epoch per ``async_commit``."""
     superseded: bool = False
     """Another coordinator of the sink started since (a batch run, another driver): this one
     may be fenced."""
+    written: int | None = None
+    """The epoch the current micro-batch wrote (None: recovered, skipped, or not yet)."""
+
+    @property
+    def live(self) -> _Live:
+        assert self.fn.live is not None
+        return self.fn.live
+
+    @property
+    def rt(self) -> SinkRuntime:
+        return self.live.runtime
+
+    def gate(self) -> None:
+        """Let the committer commit only what the model allows, after Spark's checkpoint
+        (the real gate, ``ckpt.has_commit``, still decides)."""
+        committer = self.live.committer
+        if committer is not None:
+            spark = committer.checkpointed
+            committer.checkpointed = lambda e: e <= self.allowed and spark(e)
 
     def commit_head(self) -> None:
-        """The AsyncCommitter's next commit: the oldest queued epoch."""
-        e, c, fig = self.queue[0]
-        self.rt.commit_epoch(e, c, fig)
+        """The committer's next commit (the oldest queued epoch), run by its own thread; the
+        commit's error (a simulated crash, a fence) is raised here."""
+        committer = self.live.committer
+        assert committer is not None and self.queue
+        self.allowed = self.queue[0]
+        deadline = time.monotonic() + 60
+        while committer.outstanding() >= len(self.queue) and committer.error is None:
+            assert time.monotonic() < deadline, "the committer did not commit its head"
+            committer.wake()
+            time.sleep(0.001)
+        committer.raise_if_failed()
         self.queue.pop(0)
+
+    def kill(self) -> None:
+        """What a SIGKILL leaves: no thread of the process runs on (committer, heartbeat),
+        no connection."""
+        self.live.stop_threads()
+        _abandon(self.rt)
 
 
 @dataclass
@@ -232,11 +273,6 @@ class ProtocolModel(RuleBasedStateMachine):
         self.used.add(epoch)
         self.max_epoch = max(self.max_epoch, epoch)
 
-    def _write(self, rt: SinkRuntime, ep: Any, ids: list[int]) -> Any:
-        """The writers of an epoch, then phase 1."""
-        w = self._written(ep, ids)
-        return ep.prepare(w.results, w.rows, 0.0)
-
     def _written(self, ep: Any, ids: list[int]) -> Written:
         """The writers of an epoch (two tasks), the epoch discarded if one fails."""
         half = len(ids) // 2
@@ -273,7 +309,7 @@ class ProtocolModel(RuleBasedStateMachine):
 
     def _crash_driver(self) -> None:
         if self.driver is not None:
-            _abandon(self.driver.rt)
+            self.driver.kill()
             self.driver = None
 
     def _end_driver(self, keep_as_zombie: bool) -> None:
@@ -284,20 +320,28 @@ class ProtocolModel(RuleBasedStateMachine):
 
     # -- streams -----------------------------------------------------------------------------
     def _start(self, s: Stream, inline: bool, cont: bool) -> None:
-        """``eosink._run._start_stream`` up to Spark's ``start()``."""
+        """``eosink.run``'s start of a stream: :func:`eosink._stream.open_stream_batches`
+        itself, up to Spark's ``start()``."""
         rt = self._runtime()
-        rt.run_id = uuid.uuid4().hex
+        setup = SinkSetup(
+            self.plugin,
+            self.options,
+            SID,
+            self.url,
+            new_checkpoint="continue" if cont else "refuse",
+        )
         try:
-            s.ckpt.repair()
-            base = rt.open_stream(s.ckpt, "continue" if cont else "refuse", inline=inline)
-            rt.start_recovery(s.ckpt, base)
-            base = rt.rebase_stream(s.ckpt, base, held=not inline)
+            fn, _, _ = open_stream_batches(
+                rt, setup, s.ckpt, inline=inline, max_pending_epochs=1000
+            )
         except EosinkError:
             rt.close()
             rt.store.close()
             raise
-        fault_point("stream_before_start")
-        self.driver = Driver(rt, s, base, inline)
+        d = Driver(fn, s, inline)
+        d.live.write = lambda batch, ep: self._write_batch(d, batch, ep)
+        d.gate()
+        self.driver = d
 
     @rule(
         which=st.integers(min_value=0, max_value=3),
@@ -336,20 +380,21 @@ class ProtocolModel(RuleBasedStateMachine):
             "new_checkpoint='continue' (it would re-read the source)"
         )
 
-    def _micro_batch(self, d: Driver, batch: int, ids: list[int]) -> None:
-        """``StreamBatches.__call__`` for one micro-batch, then Spark's commit log."""
-        rt = d.rt
-        if not d.resumed and not d.inline:
-            rt.resume_stream(d.base, batch)
-            d.resumed = True
-        ep = rt.stream_epoch(d.base + batch)
+    def _write_batch(self, d: Driver, batch: int, ep: Any) -> Written:
+        """A micro-batch's data written (Spark's tasks): the rows Spark planned for it."""
         self._saw(ep.epoch)
-        if not ep.recovered and not ep.skipped:
-            fig = self._write(rt, ep, ids)
-            if d.inline:
-                ep.commit()
-            else:
-                d.queue.append((ep.epoch, ep.committable, fig))
+        d.written = ep.epoch
+        return self._written(ep, d.stream.planned[batch])
+
+    def _micro_batch(self, d: Driver, batch: int, ids: list[int]) -> None:
+        """The stream's ``foreachBatch`` function (:class:`eosink._stream.StreamBatches`)
+        for one micro-batch, then Spark's commit log."""
+        assert d.stream.planned[batch] == ids
+        d.written = None
+        d.fn(batch, batch)
+        self._saw(d.fn.settings.epoch_base + batch)
+        if d.written is not None and not d.inline:
+            d.queue.append(d.written)  # handed to the committer
         d.stream.checkpoint(batch)
 
     @precondition(lambda self: self.driver is not None)
@@ -370,8 +415,8 @@ class ProtocolModel(RuleBasedStateMachine):
     @precondition(lambda self: self.driver is not None and bool(self.driver.queue))
     @rule(fault=FAULTS)
     def async_commit(self, fault: tuple[str, int] | None) -> None:
-        """The AsyncCommitter commits the oldest checkpointed epoch (in the model the commit
-        log entry is written when the micro-batch returns)."""
+        """The AsyncCommitter's thread commits the oldest checkpointed epoch (in the model the
+        commit log entry is written when the micro-batch returns)."""
         d = self.driver
         assert d is not None
         try:
@@ -393,11 +438,10 @@ class ProtocolModel(RuleBasedStateMachine):
         self._crash_driver()
 
     def _stop(self, d: Driver) -> None:
-        while d.queue:
-            d.commit_head()
-        d.rt.roll(everything=True)
-        d.rt.close()
-        d.rt.store.close()
+        """The end of the query: :func:`eosink._stream.close_live` (commits drained until
+        Spark's checkpoint, open files rolled, the coordinator closed)."""
+        d.allowed = 1 << 62
+        close_live(d.live)
 
     @precondition(lambda self: self.driver is not None)
     @rule(fault=FAULTS)
@@ -434,7 +478,7 @@ class ProtocolModel(RuleBasedStateMachine):
         if self.driver is not None:
             self._crash_driver()
         else:
-            _abandon(self.zombies.pop().rt)
+            self.zombies.pop().kill()
 
     @precondition(lambda self: bool(self.zombies))
     @rule(commit=st.booleans())
@@ -451,14 +495,14 @@ class ProtocolModel(RuleBasedStateMachine):
             elif batch in s.planned:
                 self._micro_batch(z, batch, s.planned[batch])
             else:
-                _abandon(z.rt)
+                z.kill()
                 return
         except (FencedError, SinkIdentityError):
             pass  # fenced, or refused: another run took its next epoch
         else:
             raise AssertionError("a zombie driver was not fenced")
         finally:
-            _abandon(z.rt)
+            z.kill()
         assert Counter(self._visible()) == before, "a fenced zombie changed the target"
 
     @rule()
@@ -472,7 +516,7 @@ class ProtocolModel(RuleBasedStateMachine):
         """Every driver of this machine dies: the live one and the zombies."""
         self._crash_driver()
         for z in self.zombies:
-            _abandon(z.rt)
+            z.kill()
         self.zombies.clear()
 
     # -- batch runs --------------------------------------------------------------------------
