@@ -45,7 +45,7 @@ from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._spark_version import register_data_source
 from ._staging import is_connect
 from ._tasks import TaskSink, run_writer
-from .errors import ConfigError, EosinkError
+from .errors import ConfigError, EosinkError, SinkIdentityError
 from .registry import get_sink
 from .sink import SinkPlugin
 
@@ -179,7 +179,17 @@ def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: 
     A stream's epoch is decided here (recovery first: this front end commits inline); a
     batch's was decided by :meth:`EosinkDataSource.writer` on the driver side."""
     if stream:
-        ep = rt.stream_epoch(epoch, inline=True)
+        try:
+            ep = rt.stream_epoch(epoch, inline=True)
+        except SinkIdentityError:
+            # Refused (another run took the epoch; the restart moves the query above it).
+            # This front end's tasks wrote before the decision: their output has no
+            # committable, and no later start would delete it under an epoch another run
+            # committed (rule 4 never touches a visible epoch). A PENDING epoch's staged
+            # data is its run's: left alone.
+            if rt.status_of(epoch) is None or rt.is_committed(epoch):
+                rt.discard(epoch)
+            raise
         if ep.skipped:
             log.info(
                 "sink %s epoch %d: replay of a committed epoch; output discarded",

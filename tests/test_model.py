@@ -111,6 +111,9 @@ class Stream:
     ckpt: CheckpointDir
     path: Path
     planned: dict[int, list[int]] = field(default_factory=dict)
+    front: str = "run"
+    """What runs the query: ``run`` (``eosink.run``'s ``foreachBatch``) or ``format``
+    (``format("eosink")``'s data source); a checkpoint keeps its query's sink."""
 
     def last(self) -> int | None:
         return self.ckpt.last_committed_batch()
@@ -135,9 +138,12 @@ class Driver:
     """A stream's live driver: what :func:`eosink._stream.open_stream_batches` returned (the
     ``foreachBatch`` function, its coordinator and its real :class:`AsyncCommitter`)."""
 
-    fn: StreamBatches
+    fn: StreamBatches | None
     stream: Stream
     inline: bool
+    sw: Any = None
+    """A ``format("eosink")`` query's stream writer (``fn`` is then None): made once at the
+    query's start, each micro-batch committed on a pickled copy (Spark's Python worker)."""
     queue: list[int] = field(default_factory=list)
     """The epochs handed to the committer and not committed yet, oldest first."""
     allowed: int = -1
@@ -151,7 +157,7 @@ class Driver:
 
     @property
     def live(self) -> _Live:
-        assert self.fn.live is not None
+        assert self.fn is not None and self.fn.live is not None
         return self.fn.live
 
     @property
@@ -161,7 +167,7 @@ class Driver:
     def gate(self) -> None:
         """Let the committer commit only what the model allows, after Spark's checkpoint
         (the real gate, ``ckpt.has_commit``, still decides)."""
-        committer = self.live.committer
+        committer = self.live.committer if self.fn is not None else None
         if committer is not None:
             spark = committer.checkpointed
             committer.checkpointed = lambda e: e <= self.allowed and spark(e)
@@ -182,7 +188,9 @@ class Driver:
 
     def kill(self) -> None:
         """What a SIGKILL leaves: no thread of the process runs on (committer, heartbeat),
-        no connection."""
+        no connection. (A ``format("eosink")`` query's coordinators live for one call each.)"""
+        if self.fn is None:
+            return
         self.live.stop_threads()
         _abandon(self.rt)
 
@@ -264,10 +272,14 @@ class ProtocolModel(RuleBasedStateMachine):
             store.close()
             raise
         rt.lineage = BATCH
-        for d in [self.driver, *self.zombies]:
-            if d is not None:
-                d.superseded = True
+        self._supersede()
         return rt
+
+    def _supersede(self, but: Driver | None = None) -> None:
+        """A coordinator acquired the sink: every other driver may be fenced from now on."""
+        for d in [self.driver, *self.zombies]:
+            if d is not None and d is not but:
+                d.superseded = True
 
     def _saw(self, epoch: int) -> None:
         self.used.add(epoch)
@@ -313,7 +325,8 @@ class ProtocolModel(RuleBasedStateMachine):
             self.driver = None
 
     def _end_driver(self, keep_as_zombie: bool) -> None:
-        if self.driver is not None and keep_as_zombie:
+        # A format("eosink") query holds no coordinator between its calls: not a zombie here.
+        if self.driver is not None and keep_as_zombie and self.driver.fn is not None:
             self.zombies.append(self.driver)
             self.driver = None
         self._crash_driver()
@@ -321,7 +334,10 @@ class ProtocolModel(RuleBasedStateMachine):
     # -- streams -----------------------------------------------------------------------------
     def _start(self, s: Stream, inline: bool, cont: bool) -> None:
         """``eosink.run``'s start of a stream: :func:`eosink._stream.open_stream_batches`
-        itself, up to Spark's ``start()``."""
+        itself, up to Spark's ``start()``; or ``format("eosink")``'s (:meth:`_start_format`)."""
+        if s.front == "format":
+            self._start_format(s, cont)
+            return
         rt = self._runtime()
         setup = SinkSetup(
             self.plugin,
@@ -343,23 +359,52 @@ class ProtocolModel(RuleBasedStateMachine):
         d.gate()
         self.driver = d
 
+    def _start_format(self, s: Stream, cont: bool) -> None:
+        """``format("eosink")``'s start of a stream: its data source's ``streamWriter``, as
+        Spark calls it (options as strings) when the query starts."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from eosink._datasource import EosinkDataSource
+
+        opts = {
+            "sink": "file",
+            "sink_id": SID,
+            "metastore_url": self.url,
+            "path": str(self.out),
+            "format": "parquet",
+            "checkpointLocation": str(s.path),
+            "new_checkpoint": "continue" if cont else "refuse",
+        }
+        self._supersede()
+        sw = EosinkDataSource(opts).streamWriter(from_arrow_schema(SCHEMA), False)
+        self.driver = Driver(None, s, True, sw=sw)
+
     @rule(
         which=st.integers(min_value=0, max_value=3),
         inline=st.booleans(),
         cont=st.booleans(),
         zombie=st.booleans(),
         fault=FAULTS,
+        front=st.sampled_from(["run", "run", "format"]),
     )
     def start_stream(
-        self, which: int, inline: bool, cont: bool, zombie: bool, fault: tuple[str, int] | None
+        self,
+        which: int,
+        inline: bool,
+        cont: bool,
+        zombie: bool,
+        fault: tuple[str, int] | None,
+        front: str = "run",
     ) -> None:
-        """Start a stream: a new checkpoint (``which`` 0) or an existing one. The live driver
-        crashes first, or (``zombie``) runs on, unaware, as a stalled driver would."""
+        """Start a stream: a new checkpoint (``which`` 0) of an ``eosink.run`` query (in
+        ``inline`` commit mode or not) or a ``format("eosink")`` one (``front``), or an
+        existing checkpoint's query. The live driver crashes first, or (``zombie``) runs on,
+        unaware, as a stalled driver would."""
         self._end_driver(keep_as_zombie=zombie)
         if which == 0 or not self.streams:
             path = self.root / f"ckpt-{self.next_ckpt}"
             self.next_ckpt += 1
-            s = Stream(CheckpointDir(None, str(path)), path)
+            s = Stream(CheckpointDir(None, str(path)), path, front=front)
             self.streams.append(s)
         else:
             s = self.streams[(which - 1) % len(self.streams)]
@@ -390,11 +435,40 @@ class ProtocolModel(RuleBasedStateMachine):
         """The stream's ``foreachBatch`` function (:class:`eosink._stream.StreamBatches`)
         for one micro-batch, then Spark's commit log."""
         assert d.stream.planned[batch] == ids
+        if d.sw is not None:
+            self._format_batch(d, batch, ids)
+            return
+        assert d.fn is not None
         d.written = None
         d.fn(batch, batch)
         self._saw(d.fn.settings.epoch_base + batch)
         if d.written is not None and not d.inline:
             d.queue.append(d.written)  # handed to the committer
+        d.stream.checkpoint(batch)
+
+    def _format_batch(self, d: Driver, batch: int, ids: list[int]) -> None:
+        """A ``format("eosink")`` micro-batch as Spark runs it: each task's ``write`` (two
+        tasks), then the micro-batch's ``commit`` on a pickled copy of the stream writer
+        (``abort`` if a task failed), then Spark's commit log."""
+        import pickle
+
+        half = len(ids) // 2
+        parts = [
+            [pa.record_batch([pa.array(p, pa.int64()), pa.array([f"r{i}" for i in p])], SCHEMA)]
+            if p
+            else []
+            for p in (ids[:half], ids[half:])
+        ]
+        self._supersede(but=d)  # each call's coordinator acquires the sink
+        try:
+            messages = [d.sw.write_batch(iter(p), batch) for p in parts]
+        except SimulatedCrash:
+            raise
+        except BaseException:
+            pickle.loads(pickle.dumps(d.sw)).abort([], batch)
+            raise
+        self._saw(d.sw.base + batch)
+        pickle.loads(pickle.dumps(d.sw)).commit(messages, batch)
         d.stream.checkpoint(batch)
 
     @precondition(lambda self: self.driver is not None)
@@ -440,6 +514,8 @@ class ProtocolModel(RuleBasedStateMachine):
     def _stop(self, d: Driver) -> None:
         """The end of the query: :func:`eosink._stream.close_live` (commits drained until
         Spark's checkpoint, open files rolled, the coordinator closed)."""
+        if d.fn is None:
+            return  # format("eosink") commits each micro-batch inline: nothing waits
         d.allowed = 1 << 62
         close_live(d.live)
 
@@ -1064,4 +1140,26 @@ def test_found_a_stream_skipped_another_runs_garbage_collected_epoch() -> None:
             "start_stream",
             {"cont": False, "fault": None, "inline": True, "which": 3, "zombie": False},
         ),
+    )
+
+
+def test_found_a_refused_format_micro_batch_leaves_its_tasks_output() -> None:
+    """A ``format("eosink")`` stream's tasks write before its micro-batch is decided (in the
+    data source's commit). A batch run without ``epoch=`` took the stream's next epoch: the
+    commit is refused ("Restart the query") and must delete what its tasks staged, which no
+    later start would (rule 4 never touches an epoch another run made visible)."""
+    _steps(
+        (
+            "start_stream",
+            {
+                "cont": True,
+                "fault": None,
+                "front": "format",
+                "inline": True,
+                "which": 0,
+                "zombie": False,
+            },
+        ),
+        ("batch_run", {"fault": None, "kind": "auto", "pick": 0, "rows": 2}),
+        ("micro_batch", {"fault": None, "rows": 3}),
     )
