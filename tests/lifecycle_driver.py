@@ -139,10 +139,12 @@ def _format(
 ) -> None:
     """``format("eosink")``'s run, its real data source (:mod:`eosink._datasource`) driven
     as Spark drives a Python data source: the options as strings; ``streamWriter`` (or
-    ``writer``) once at the query's start; each task's ``write`` (a stream's through
-    ``write_batch``, given the micro-batch ``write`` reads from the task's context); each
-    micro-batch's ``commit`` on a pickled copy of the writer (Spark runs it in a fresh
-    Python worker); ``abort`` when a task failed."""
+    ``writer``) once at the query's start, its tasks' ``write`` through it (a stream's through
+    ``write_batch``, given the micro-batch ``write`` reads from the task's context); a
+    stream's ``commit`` of each micro-batch (``abort`` when a task failed) on another
+    ``streamWriter``, which Spark's commit runner makes for each
+    (pyspark/sql/worker/python_streaming_sink_runner.py); a batch's ``commit`` on a pickled
+    copy of its writer."""
     import pickle
 
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -169,9 +171,9 @@ def _format(
         try:
             messages = [sw.write_batch(iter([p]), b) for p in parts(source(b, rows))]
         except BaseException:
-            pickle.loads(pickle.dumps(sw)).abort([], b)
+            ds.streamWriter(spark_schema, False).abort([], b)
             raise
-        pickle.loads(pickle.dumps(sw)).commit(messages, b)
+        ds.streamWriter(spark_schema, False).commit(messages, b)
 
 
 def _all_rows(
