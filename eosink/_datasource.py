@@ -37,7 +37,7 @@ from pyspark.sql.types import StructType
 from . import _spark_version
 from ._checkpoint import CheckpointDir
 from ._journal import Journal
-from ._metastore import BATCH
+from ._metastore import BATCH, COMMITTED
 from ._paths import absolute, check_no_relative, path_options
 from ._protocol import Epoch, SinkRuntime
 from ._rules import WRITE
@@ -187,7 +187,7 @@ def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: 
             # committable, and no later start would delete it under an epoch another run
             # committed (rule 4 never touches a visible epoch). A PENDING epoch's staged
             # data is its run's: left alone.
-            if rt.status_of(epoch) is None or rt.is_committed(epoch):
+            if rt.status_of(epoch) in (None, COMMITTED):  # no row: none, or gone by GC
                 rt.discard(epoch)
             raise
         if ep.skipped:

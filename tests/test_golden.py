@@ -168,6 +168,15 @@ def _restored_place(name: str) -> Iterator[Path]:
             shutil.rmtree(place, ignore_errors=True)
 
 
+def _restore(zygote: Zygote, vdir: Path, name: str, place: Path) -> Driver:
+    """Case ``name``'s job (its directories, a change stream's input) with its state of
+    ``vdir`` restored at ``place``."""
+    d = CASES[name].new(zygote, place)
+    with tarfile.open(vdir / f"{name}.tar.gz") as tar:
+        tar.extractall(place, filter="data")
+    return d
+
+
 def _upgrade(url: str) -> str:
     """``eosink db upgrade --url URL``, as an operator runs it; its output."""
     out = subprocess.run(
@@ -200,9 +209,7 @@ def test_an_older_state_is_finished(zygote: Zygote, name: str, moved: bool) -> N
     made = manifest["cases"][name]
     case = CASES[name]
     with _restored_place(name) as place:
-        d = case.new(zygote, place)  # its directories (and a change stream's input)
-        with tarfile.open(vdir / f"{name}.tar.gz") as tar:
-            tar.extractall(place, filter="data")
+        d = _restore(zygote, vdir, name, place)
         assert d.batches == made["batches"], "the case's job changed since its state was made"
         revision = manifest["revision"]
         if revision != head_revision():
@@ -248,9 +255,7 @@ def test_what_a_downgrade_meets(zygote: Zygote) -> None:
     name = "file-stream-checkpointed"
     vdir = _version_dir()
     with _restored_place(name) as place:
-        d = CASES[name].new(zygote, place)
-        with tarfile.open(vdir / f"{name}.tar.gz") as tar:
-            tar.extractall(place, filter="data")
+        d = _restore(zygote, vdir, name, place)
         _execute(d.url, "UPDATE alembic_version SET version_num = '9999'")
         _refused(d, "has schema revision 9999, newer than this eosink")
         from eosink._metastore.migrations import head_revision

@@ -171,7 +171,7 @@ class Driver:
     def gate(self) -> None:
         """Let the committer commit only what the model allows, after Spark's checkpoint
         (the real gate, ``ckpt.has_commit``, still decides)."""
-        committer = self.live.committer if self.fn is not None else None
+        committer = self.live.committer
         if committer is not None:
             spark = committer.checkpointed
             committer.checkpointed = lambda e: e <= self.allowed and spark(e)
