@@ -4,8 +4,11 @@ A Python data source (``pyspark.sql.datasource``) that drives the same writers, 
 and meta store as :func:`eosink.run`. Spark calls the driver side of a Python data source in
 short-lived worker processes, so this path is stateless between calls and commits *inline*:
 each micro-batch's ``commit`` persists PENDING, commits and marks COMMITTED before Spark
-checkpoints the batch. Recovery runs in every ``commit``: PENDING epochs left by a crash hold
-complete data and are committed; a replayed committed epoch's output is discarded.
+checkpoints the batch. Spark calls ``streamWriter`` at the query's start and again for each
+micro-batch's commit (its commit runner makes a new writer): each starts the stream as
+``eosink.run`` does (:meth:`SinkRuntime.start_stream`). Recovery runs there and in every
+``commit``: PENDING epochs left by a crash hold complete data and are committed; a replayed
+committed epoch's output is discarded.
 
 Options (strings, as Spark passes them): ``sink`` (required), ``sink_id``, ``metastore_url``,
 ``epoch`` (batch), ``new_checkpoint`` (streaming), ``checkpointLocation`` (streaming) and the
@@ -73,6 +76,8 @@ _CORE_KEYS = {
 class _Message(WriterCommitMessage):
     result: bytes | None
     rows: int
+    epoch: int | None = None
+    """The epoch the task wrote (a stream's: its writer's base + batchId)."""
 
 
 def _value(v: str) -> Any:
@@ -168,9 +173,9 @@ def _write(
     if skip:
         for _ in batches:
             pass
-        return _Message(None, 0)
+        return _Message(None, 0, epoch)
     result, rows = run_writer(TaskSink(s.plugin, s.options, s.sink_id, epoch, setup), batches)
-    return _Message(result, rows)
+    return _Message(result, rows, epoch)
 
 
 def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: bool) -> None:
@@ -309,6 +314,12 @@ class _StreamWriter(_StreamBase):
         epoch = self.base + batchId
         rt = self._runtime()
         try:
+            written = _tasks_epochs(messages) - {epoch}
+            if written:
+                # This writer is Spark's commit runner's, made (and the stream started) after
+                # the tasks wrote: its start moved the base above epochs another run took
+                # meanwhile (rule 8), and the tasks staged this micro-batch under the old one.
+                _refuse_moved(rt, batchId, min(written), epoch)
             _commit_inline(rt, epoch, messages, stream=True)
         finally:
             _close(rt)
@@ -316,10 +327,35 @@ class _StreamWriter(_StreamBase):
     def abort(self, messages: list[Any], batchId: int) -> None:
         rt = self._runtime()
         try:
-            if rt.status_of(self.base + batchId) is None:
-                rt.discard(self.base + batchId)
+            for epoch in sorted(_tasks_epochs(messages) | {self.base + batchId}):
+                if rt.status_of(epoch) is None:
+                    rt.discard(epoch)
         finally:
             _close(rt)
+
+
+def _tasks_epochs(messages: list[Any]) -> set[int]:
+    """The epochs the tasks' messages say they wrote (a failed task's message is None)."""
+    return {m.epoch for m in messages if isinstance(m, _Message) and m.epoch is not None}
+
+
+def _refuse_moved(rt: SinkRuntime, batch_id: int, written: int, epoch: int) -> None:
+    """Refuse the commit of micro-batch ``batch_id``, which the tasks wrote as epoch
+    ``written`` while the stream's base has since moved it to ``epoch``: delete what they
+    staged (unless ``written`` is another run's PENDING epoch, whose staged data is that
+    run's), and raise. The restart runs the micro-batch again as ``epoch``.
+
+    Raises:
+        SinkIdentityError: always.
+    """
+    if rt.status_of(written) in (None, COMMITTED):  # no row: none, or gone by GC
+        rt.discard(written)
+    raise SinkIdentityError(
+        f"sink {rt.sink_id!r}: another run wrote epoch(s) this query was to write while it "
+        f"ran; micro-batch {batch_id}, written as epoch {written}, is discarded, and the "
+        f"query's epochs now continue from epoch {epoch}. Restart the query: it writes "
+        "the micro-batch again"
+    )
 
 
 class EosinkDataSource(DataSource):
@@ -354,8 +390,9 @@ class EosinkDataSource(DataSource):
         rt = _runtime(s, micro_batch=True)  # the query runs on: its heartbeat stays
         try:
             ckpt = CheckpointDir(SparkSession.getActiveSession(), checkpoint)
-            base = rt.open_stream(ckpt, s.new_checkpoint, inline=True)
-            base = rt.rebase_stream(ckpt, base)
+            # Spark calls this at the query's start and again for each micro-batch's
+            # commit (its commit runner makes a new writer): each is a start of the stream.
+            base = rt.start_stream(ckpt, s.new_checkpoint, inline=True)
             setup = rt.coordinator.writer_setup(arrow)
         finally:
             _close(rt)

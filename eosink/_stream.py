@@ -338,10 +338,8 @@ def open_stream_batches(
     """
     runtime.run_id = uuid.uuid4().hex
     ckpt.repair()  # temp files of a crash mid-write would fail Spark's start at batch 0
-    base = runtime.open_stream(ckpt, setup.new_checkpoint, inline=inline)
+    base = runtime.start_stream(ckpt, setup.new_checkpoint, inline=inline)
     last = ckpt.last_committed_batch()
-    runtime.start_recovery(ckpt, base)
-    base = runtime.rebase_stream(ckpt, base, held=not inline)
     first = base + (0 if last is None else last + 1)
     settings = StreamSettings(
         setup,

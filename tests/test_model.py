@@ -147,7 +147,7 @@ class Driver:
     new_writer: Callable[[], Any] | None = None
     """Another ``streamWriter`` of the query's data source: Spark's commit runner makes one
     for each micro-batch's commit (pyspark/sql/worker/python_streaming_sink_runner.py);
-    see :attr:`ProtocolModel.commit_runner_writer`."""
+    each starts the stream again."""
     queue: list[int] = field(default_factory=list)
     """The epochs handed to the committer and not committed yet, oldest first."""
     allowed: int = -1
@@ -423,10 +423,8 @@ class ProtocolModel(RuleBasedStateMachine):
         fresh = s.ckpt.read_lineage() is None
         history = bool(self._visible())
         try:
-            # A start's recovery finishes a commit cut midway; format("eosink")'s start runs
-            # none (its stream writer is made again for every micro-batch's commit, which
-            # recovers first): such a commit stays half visible until its next micro-batch.
-            if self._attempt(fault, lambda: self._start(s, inline, cont)) and s.front != "format":
+            # A start's recovery finishes a commit cut midway (format("eosink")'s too).
+            if self._attempt(fault, lambda: self._start(s, inline, cont)):
                 self.torn = False
         except NewCheckpointError:
             # Refused only for a checkpoint that never completed a micro-batch on this sink.
@@ -479,19 +477,11 @@ class ProtocolModel(RuleBasedStateMachine):
         committer.commit(messages, batch)
         d.stream.checkpoint(batch)
 
-    commit_runner_writer = False
-    """Whether a ``format("eosink")`` micro-batch's commit runs on a new ``streamWriter``, as
-    Spark's commit runner makes one for each (True), or on a pickled copy of the query
-    start's (False: what the model checks by default, see
-    :func:`test_found_a_format_commit_runner_moves_the_base_after_the_tasks_wrote`)."""
-
     def _commit_writer(self, d: Driver) -> Any:
-        import pickle
-
-        if self.commit_runner_writer:
-            assert d.new_writer is not None
-            return d.new_writer()
-        return pickle.loads(pickle.dumps(d.sw))
+        """The writer a micro-batch's commit runs on: a new ``streamWriter``, as Spark 4's
+        commit runner makes one for each commit."""
+        assert d.new_writer is not None
+        return d.new_writer()
 
     @precondition(lambda self: self.driver is not None)
     @rule(rows=st.integers(min_value=0, max_value=4), fault=FAULTS)
@@ -1187,27 +1177,42 @@ def test_found_a_refused_format_micro_batch_leaves_its_tasks_output() -> None:
     )
 
 
-class SparkCommitRunnerModel(ProtocolModel):
-    """The model with ``format("eosink")``'s commits on a new ``streamWriter`` each, as
-    Spark 4's commit runner makes them."""
-
-    commit_runner_writer = True
-
-
-@pytest.mark.xfail(strict=True, reason="open: found 2026-11-29, see the docstring")
 def test_found_a_format_commit_runner_moves_the_base_after_the_tasks_wrote() -> None:
     """Spark's commit runner calls the data source's ``streamWriter`` again for each
-    micro-batch's commit, which opens the stream again and moves its epoch base above epochs
+    micro-batch's commit, which starts the stream again and moves its epoch base above epochs
     other runs took meanwhile (rule 8). A batch run took epoch 0 after the query started: the
-    tasks staged micro-batch 0 as epoch 0 (the start's base), the commit prepares it as epoch
-    1; killed after phase 1, the restart commits epoch 1, and what was staged under epoch 0
-    stays for good (rule 4 never touches an epoch another run committed). Rows land once;
-    the staging is not cleaned."""
-    state = SparkCommitRunnerModel()
+    tasks staged micro-batch 0 as epoch 0 (the start's base), and the commit prepared it as
+    epoch 1; killed after phase 1, the restart committed epoch 1, and what was staged under
+    epoch 0 stayed for good (rule 4 never touches an epoch another run committed). Found
+    2026-11-29; fixed: the tasks' messages carry the epoch they wrote, and a commit whose
+    base moved since deletes their staging and refuses ("Restart the query")."""
+    state = ProtocolModel()
     try:
         state.start_stream(cont=True, fault=None, front="format", inline=True, which=0, zombie=True)
         state.batch_run(fault=None, kind="new", pick=9, rows=1)
         state.micro_batch(fault=("after_pre_commit", 1), rows=2)
+        state.exactly_once_so_far()
+        state._finish_everything()
+    finally:
+        state.teardown()
+
+
+def test_found_a_format_restart_leaves_a_commit_cut_midway_half_visible() -> None:
+    """A ``format("eosink")`` micro-batch's commit killed midway (one of its two files
+    published) was finished by the next micro-batch's commit only: the query's start ran no
+    recovery, so a restart with no new data (``availableNow``, a quiet source) left it half
+    visible. Found 2026-11-29; fixed: the data source's ``streamWriter`` starts the stream as
+    ``eosink.run`` does (:meth:`SinkRuntime.start_stream`), keeping what the tasks of the
+    first batch not checkpointed staged."""
+    state = ProtocolModel()
+    try:
+        state.start_stream(
+            cont=False, fault=None, front="format", inline=True, which=0, zombie=False
+        )
+        state.micro_batch(fault=("mid_commit", 1), rows=4)
+        state.start_stream(
+            cont=False, fault=None, front="format", inline=True, which=1, zombie=False
+        )
         state.exactly_once_so_far()
         state._finish_everything()
     finally:

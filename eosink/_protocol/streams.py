@@ -118,22 +118,45 @@ class _Streams(_Decisions):
         self.write_marker()
         return base
 
+    def start_stream(self, ckpt: Any, new_checkpoint: str, *, inline: bool) -> int:
+        """The start of a stream, in the protocol's order: the one place that orders it, for
+        every front end (``eosink.run``'s streams and ``format("eosink")``'s data source, whose
+        ``streamWriter`` Spark calls at the query's start and again for each micro-batch's
+        commit). Opens the stream (:meth:`open_stream`), runs the start's recovery
+        (:meth:`start_recovery`) and moves the base above other runs' epochs
+        (:meth:`rebase_stream`; a held recovery's epochs are aborted if it moves).
+
+        Returns:
+            The epoch base (epoch = base + batchId).
+
+        Raises:
+            As :meth:`open_stream`.
+        """
+        base = self.open_stream(ckpt, new_checkpoint, inline=inline)
+        self.start_recovery(ckpt, base)
+        return self.rebase_stream(ckpt, base, held=not inline)
+
     def start_recovery(self, ckpt: Any, base: int) -> None:
         """A stream's recovery at its start (after :meth:`open_stream`), before Spark fixed
         its first batch: rules 1, 3, 7 and 9 now, rules 2 and 4 for its own epochs from the
         first batch not checkpointed on held for :meth:`resume_stream`. Inline mode, or a
         previous driver of the query that committed inline (its PENDING epochs may be
         committed in part, so they cannot be aborted): every PENDING epoch is committed now
-        (complete data; the replayed batch is then skipped)."""
+        (complete data; the replayed batch is then skipped). In inline mode the data staged
+        for the first batch not checkpointed is kept: ``format("eosink")``'s data source
+        starts the stream again for each micro-batch's commit, after its tasks staged it (a
+        crashed attempt's staging is then the micro-batch's commit's to handle, as it is at
+        any inline micro-batch)."""
         last = ckpt.last_committed_batch()
         first = base + (0 if last is None else last + 1)
-        if self.inline or self.after_inline:
-            if self.after_inline and not self.inline:
-                log.info(
-                    "sink %s: the query's previous driver committed inline; its PENDING "
-                    "epochs are committed now",
-                    self.sink_id,
-                )
+        if self.inline:
+            self.recover(first_epoch=sys.maxsize, keep_staged=frozenset({first}))
+        elif self.after_inline:
+            log.info(
+                "sink %s: the query's previous driver committed inline; its PENDING "
+                "epochs are committed now",
+                self.sink_id,
+            )
             self.recover(first_epoch=sys.maxsize)
         else:
             self.recover(first_epoch=first, hold=True)
@@ -266,7 +289,7 @@ class _Streams(_Decisions):
         new_base = plan.base
         top = new_base + nxt - 1
         log.warning(
-            "sink %s: epochs up to %d were written by other runs while this query was stopped; "
+            "sink %s: epochs up to %d were written by other runs since this query numbered them; "
             "its epochs continue from %d",
             self.sink_id,
             top,
