@@ -342,8 +342,16 @@ def memory_dir(need_gib: float = 4) -> Path | None:
     return Path(tempfile.mkdtemp(prefix="eosink-cluster-", dir=shm))
 
 
+def worker_host(i: int) -> str:
+    """Worker ``i``'s address: a loopback address of its own (127.0.0.2, 127.0.0.3...), so
+    that Spark sees two hosts, as on a real cluster (it never runs a speculative copy of a
+    task on a host where the task runs already)."""
+    return f"127.0.0.{2 + i}"
+
+
 class StandaloneCluster:
-    """A Spark standalone master and ``workers`` workers on 127.0.0.1 (see the module doc).
+    """A Spark standalone master on 127.0.0.1 and ``workers`` workers, each on a loopback
+    address of its own (:func:`worker_host`; see the module doc).
 
     ``master_url`` is ``spark://127.0.0.1:<port>``, ``web_url`` the master's web UI. Every
     process carries ``-Deosink.cluster=<root>`` on its command line, so :meth:`stop` kills
@@ -396,7 +404,7 @@ class StandaloneCluster:
         c.started_in = float(state["started_in"])
         return c
 
-    def _env(self, name: str) -> dict[str, str]:
+    def _env(self, name: str, host: str = "127.0.0.1") -> dict[str, str]:
         d = self.root / name
         for sub in ("logs", "tmp", "local", "home"):
             (d / sub).mkdir(parents=True, exist_ok=True)
@@ -407,8 +415,8 @@ class StandaloneCluster:
             TMPDIR=str(d / "tmp"),
             SPARK_HOME=str(spark_home()),
             SPARK_CONF_DIR=str(conf),
-            SPARK_LOCAL_IP="127.0.0.1",
-            SPARK_LOCAL_HOSTNAME="127.0.0.1",
+            SPARK_LOCAL_IP=host,
+            SPARK_LOCAL_HOSTNAME=host,
             SPARK_LOG_DIR=str(d / "logs"),
             SPARK_PID_DIR=str(d / "tmp"),
             SPARK_LOCAL_DIRS=str(d / "local"),
@@ -427,9 +435,11 @@ class StandaloneCluster:
             ),
         )
 
-    def _start(self, name: str, cls: str, *args: str) -> subprocess.Popen[bytes]:
+    def _start(
+        self, name: str, cls: str, *args: str, host: str = "127.0.0.1"
+    ) -> subprocess.Popen[bytes]:
         log = self.root / name / "logs" / f"{name}.log"
-        env = self._env(name)
+        env = self._env(name, host)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "wb") as fh:
             proc = subprocess.Popen(
@@ -493,7 +503,7 @@ class StandaloneCluster:
                     "org.apache.spark.deploy.worker.Worker",
                     self.master_url,
                     "--host",
-                    "127.0.0.1",
+                    worker_host(i),
                     "--port",
                     "0",
                     "--webui-port",
@@ -504,6 +514,7 @@ class StandaloneCluster:
                     self.memory,
                     "--work-dir",
                     str(self.work / f"worker{i}"),
+                    host=worker_host(i),
                 )
                 for i in range(self.workers)
             ]

@@ -58,7 +58,31 @@ def probe(_: Any) -> str:
     )
 
 
+def slow_first_attempt(batches: Any) -> Any:
+    """Executor side of ``--speculate DIR``: the first attempt of partition 0 hands its first
+    Arrow batch to the writer, then stalls (60 s at most), so Spark launches a speculative
+    attempt of it on the other host, which runs at full speed and wins; the stalled one is
+    killed. Each attempt of partition 0 leaves ``DIR/attempt-<n>`` when it starts."""
+    import os
+
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    slow = False
+    if tc is not None and tc.partitionId() == 0:
+        open(os.path.join(MARKS, f"attempt-{tc.attemptNumber()}"), "w").close()
+        slow = tc.attemptNumber() == 0
+    for i, b in enumerate(batches):
+        yield b
+        if slow and i == 0:
+            time.sleep(60)
+
+
+MARKS = ""
+
+
 def main() -> int:
+    global MARKS
     p = argparse.ArgumentParser()
     p.add_argument("--sink", choices=["file", "iceberg"], required=True)
     p.add_argument("--input", required=True)
@@ -67,6 +91,12 @@ def main() -> int:
     p.add_argument("--writer", default="", help="the sink's writer option (default: its own)")
     p.add_argument("--executors", type=int, default=2)
     p.add_argument("--probe", action="store_true", help="print the executors' Python first")
+    p.add_argument(
+        "--speculate",
+        default="",
+        help="a batch run (epoch=1) with spark.speculation on and a stalled first attempt of "
+        "one task (see slow_first_attempt), instead of the stream",
+    )
     a = p.parse_args()
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(message)s", stream=sys.stdout
@@ -77,7 +107,17 @@ def main() -> int:
 
     # The master, deploy mode, archives and Pythons come from spark-submit, as in any
     # submitted application: eosink.spark_session() keeps them (MASTER is checked).
-    spark = eosink.spark_session(app_name="eosink-standalone")
+    conf = {}
+    if a.speculate:
+        MARKS = a.speculate
+        conf = {
+            "spark__speculation": "true",
+            "spark__speculation__interval": "100ms",
+            "spark__speculation__quantile": "0.5",
+            "spark__speculation__multiplier": "2",
+            "spark__speculation__minTaskRuntime": "1s",
+        }
+    spark = eosink.spark_session(app_name="eosink-standalone", **conf)
     sc = spark.sparkContext
     print(f"MASTER {sc.master}", flush=True)
     deadline = time.monotonic() + 60
@@ -98,6 +138,13 @@ def main() -> int:
         opts.update(table="db.events", warehouse=a.out)
     if a.writer:
         opts["writer"] = a.writer
+    if a.speculate:
+        df = spark.read.schema(SCHEMA).parquet(a.input).repartition(3)
+        df = df.mapInArrow(slow_first_attempt, df.schema)
+        r = eosink.run(df, sink=a.sink, epoch=1, partition_by=["grp"], **opts)
+        print("RESULT", r, flush=True)
+        spark.stop()
+        return 0
     sdf = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(a.input)
     h = eosink.run(
         sdf,

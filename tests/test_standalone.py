@@ -143,3 +143,27 @@ def test_standalone_driver_killed_and_restarted_on_another_machine(
     assert len(got) == len(expected), f"{len(got)} rows, want {len(expected)}"
     assert got == expected, "every input row exactly once"
     assert _leftovers(job, sink) == []
+
+
+@pytest.mark.parametrize("writer", ["spark", "python"])
+def test_speculative_attempts_leave_nothing(
+    tmp_path: Path, packed_env: Path, cluster_job: StandaloneCluster, writer: str
+) -> None:
+    """``spark.speculation=true`` and a task whose first attempt stalls after handing its
+    first rows to the writer (tests/standalone_job.py ``slow_first_attempt``): Spark runs a
+    speculative attempt on the other worker's host, which wins, and kills the stalled one.
+    Only the winner's output is in the epoch's committable; what the loser staged is
+    deleted. On both writer paths: exactly the input is read back, nothing is left staged."""
+    attempts = tmp_path / "attempts"
+    attempts.mkdir()
+    job = SubmittedJob(
+        tmp_path, cluster_job, packed_env, "file", writer=writer, speculate=str(attempts)
+    )
+    expected = make_input(job.input)
+    code = job.run("machine-a")
+    assert code == 0, f"{job.last_log()}\n{cluster_job.executor_logs()}"
+    assert sorted(p.name for p in attempts.iterdir()) == ["attempt-0", "attempt-1"], (
+        f"no speculative attempt ran:\n{job.last_log()}"
+    )
+    assert read_ids(job.out, partitioned=True) == expected
+    assert staged_files(job.out) == []
