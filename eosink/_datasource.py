@@ -38,16 +38,18 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from . import _spark_version
+from ._batch import commit_batch, end_batch, open_batch
 from ._checkpoint import CheckpointDir
+from ._handles import BatchResult
 from ._journal import Journal
 from ._metastore import BATCH, COMMITTED
 from ._paths import absolute, check_no_relative, path_options
-from ._protocol import Epoch, SinkRuntime
-from ._rules import WRITE
+from ._protocol import SinkRuntime
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._spark_version import register_data_source
 from ._staging import is_connect
 from ._tasks import TaskSink, run_writer
+from ._write import Written
 from .errors import ConfigError, EosinkError, SinkIdentityError
 from .registry import get_sink
 from .sink import SinkPlugin
@@ -178,44 +180,43 @@ def _write(
     return _Message(result, rows, epoch)
 
 
-def _commit_inline(rt: SinkRuntime, epoch: int, messages: list[Any], *, stream: bool) -> None:
-    """Phase 1 and 2 of an epoch written by the data source's tasks (or discard a replay).
-
-    A stream's epoch is decided here (recovery first: this front end commits inline); a
-    batch's was decided by :meth:`EosinkDataSource.writer` on the driver side."""
-    if stream:
-        try:
-            ep = rt.stream_epoch(epoch, inline=True)
-        except SinkIdentityError:
-            # Refused (another run took the epoch; the restart moves the query above it).
-            # This front end's tasks wrote before the decision: their output has no
-            # committable, and no later start would delete it under an epoch another run
-            # committed (rule 4 never touches a visible epoch). A PENDING epoch's staged
-            # data is its run's: left alone.
-            if rt.status_of(epoch) in (None, COMMITTED):  # no row: none, or gone by GC
-                rt.discard(epoch)
-            raise
-        if ep.skipped:
-            log.info(
-                "sink %s epoch %d: replay of a committed epoch; output discarded",
-                rt.sink_id,
-                epoch,
-            )
-            ep.discard()
-            return
-    else:
-        rt.import_target_journal()
-        ep = Epoch(rt, epoch, WRITE)
+def _written(rt: SinkRuntime, messages: list[Any]) -> Written:
+    """What the data source's tasks wrote, from their commit messages."""
     codec = rt.plugin.write_result_codec
     msgs = [m for m in messages if isinstance(m, _Message) and m.result is not None]
     results = [codec.decode(m.result, codec.version) for m in msgs if m.result is not None]
-    ep.prepare(results, sum(m.rows for m in msgs), 0.0)
+    return Written(results, sum(m.rows for m in msgs), 0.0, "python")
+
+
+def _commit_stream_epoch(rt: SinkRuntime, epoch: int, messages: list[Any]) -> None:
+    """A micro-batch's epoch, written by the data source's tasks, decided here (recovery
+    first: this front end commits inline), then phase 1 and 2; a replay's output is
+    discarded."""
+    try:
+        ep = rt.stream_epoch(epoch, inline=True)
+    except SinkIdentityError:
+        # Refused (another run took the epoch; the restart moves the query above it).
+        # This front end's tasks wrote before the decision: their output has no
+        # committable, and no later start would delete it under an epoch another run
+        # committed (rule 4 never touches a visible epoch). A PENDING epoch's staged
+        # data is its run's: left alone.
+        if rt.status_of(epoch) in (None, COMMITTED):  # no row: none, or gone by GC
+            rt.discard(epoch)
+        raise
+    if ep.skipped:
+        log.info(
+            "sink %s epoch %d: replay of a committed epoch; output discarded",
+            rt.sink_id,
+            epoch,
+        )
+        ep.discard()
+        return
+    w = _written(rt, messages)
+    ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
     ep.commit()
-    # Files that span epochs: a batch write publishes everything; a stream what is due by
-    # time (this front end has no stop hook: open files roll at a later micro-batch).
-    rt.roll(everything=not stream)
-    if not stream:
-        rt.run_returned(epoch)
+    # Files that span epochs: what is due by time (this front end has no stop hook: open
+    # files roll at a later micro-batch).
+    rt.roll(everything=False)
 
 
 def _arrow(schema: StructType) -> pa.Schema:
@@ -242,12 +243,9 @@ class _BatchWriter(DataSourceArrowWriter):
                     "sink %s epoch %d: already committed; output discarded", rt.sink_id, self.epoch
                 )
                 rt.discard(self.epoch)
-                # As eosink.run's batch: a crashed run may have left rows of committed epochs
-                # in open files (its roll at the end died); a batch leaves none.
-                rt.roll(everything=True)
-                rt.run_returned(self.epoch)
+                end_batch(rt, BatchResult(rt.sink_id, self.epoch, 0, 0, True, skipped=True))
                 return
-            _commit_inline(rt, self.epoch, messages, stream=False)
+            commit_batch(rt, rt.batch_epoch_decided(self.epoch), _written(rt, messages))
         finally:
             _close(rt)
 
@@ -320,7 +318,7 @@ class _StreamWriter(_StreamBase):
                 # the tasks wrote: its start moved the base above epochs another run took
                 # meanwhile (rule 8), and the tasks staged this micro-batch under the old one.
                 _refuse_moved(rt, batchId, min(written), epoch)
-            _commit_inline(rt, epoch, messages, stream=True)
+            _commit_stream_epoch(rt, epoch, messages)
         finally:
             _close(rt)
 
@@ -372,7 +370,7 @@ class EosinkDataSource(DataSource):
         s = _setup(dict(self.options), None, streaming=False, schema=arrow)
         rt = _runtime(s)
         try:
-            ep = rt.batch_epoch(s.epoch)  # a crashed run's complete epoch is committed here
+            ep = open_batch(rt, s.epoch)  # a crashed run's complete epoch is committed here
             setup = None if ep.skipped else ep.setup(arrow)
         finally:
             _close(rt)

@@ -6,24 +6,22 @@ through :class:`~eosink._protocol.Epoch`.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _spark_version
+from ._batch import run_batch
 from ._checkpoint import CheckpointDir
 from ._handles import BatchResult, StreamingHandle
 from ._logs import default_logging
 from ._metastore import MetaStore
-from ._protocol import Epoch, EpochFigures, SinkRuntime
+from ._protocol import EpochFigures, SinkRuntime
 from ._restart import RestartPolicy
 from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import spark_master
 from ._stream import open_stream_batches, write_or_discard
-from ._write import Written
 from .errors import ConfigError
 from .registry import get_sink
 
@@ -194,40 +192,6 @@ def run(
     if restart is not None and restart.max_failures > 0:
         handle._restart, handle._policy = start, restart
     return handle
-
-
-def run_batch(
-    runtime: SinkRuntime, epoch: int | None, write: Callable[[Epoch], Written]
-) -> BatchResult:
-    """A batch run's lifecycle on an open runtime: the epoch decided (recovered, skipped as
-    committed, or written), ``write`` (Spark's tasks for ``eosink.run``: it returns the
-    epoch's write results, or discards the epoch and raises), phase 1, the commit, then
-    every open file rolled and the run's end recorded. The caller closes the runtime."""
-    result = _batch_epoch(runtime, epoch, write)
-    rolled = runtime.roll(everything=True)  # a batch run leaves no rows in open files
-    runtime.run_returned(result.epoch)
-    return dataclasses.replace(result, files=result.files + rolled) if rolled else result
-
-
-def _batch_epoch(
-    runtime: SinkRuntime, epoch: int | None, write: Callable[[Epoch], Written]
-) -> BatchResult:
-    sid = runtime.sink_id
-    ep = runtime.batch_epoch(epoch)
-    e = ep.epoch
-    if ep.recovered:
-        fig = ep.figures
-        assert fig is not None
-        return BatchResult(sid, e, fig.rows, fig.files, True, recovered=True, figures=fig)
-    if ep.skipped:
-        log.info("sink %s epoch %d: already committed; nothing to do", sid, e)
-        return BatchResult(sid, e, 0, 0, committed=True, skipped=True)
-    log.info("sink %s epoch %d: writing batch DataFrame", sid, e)
-    w = write(ep)
-    fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
-    # A batch job has no Spark checkpoint: the durable PENDING row plays that role.
-    ep.commit()
-    return BatchResult(sid, e, w.rows, fig.files, committed=True, figures=fig)
 
 
 def _start_stream(

@@ -11,7 +11,7 @@ that orders a stream's start: lineage, recovery, rebase, the held decision),
 :class:`~eosink._stream.StreamBatches` (each micro-batch: backpressure, resume, phase 1, the
 :class:`~eosink._protocol.AsyncCommitter` that commits after the checkpoint) and
 :func:`~eosink._stream.close_live` (the end: drain, close). Another sink (sql, kafka), or a
-batch run (:func:`eosink._run.run_batch`, the function ``eosink.run`` runs a batch with),
+batch run (:func:`eosink._batch.run_batch`, the function ``eosink.run`` runs a batch with),
 are options. The sink's writers run through eosink's task code in this process
 (:func:`eosink.testing.drive_writers`), as Spark's tasks would run them.
 
@@ -39,9 +39,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from harness import GROUPS, payload
 
+from eosink._batch import run_batch
 from eosink._checkpoint import CheckpointDir
 from eosink._protocol import Epoch
-from eosink._run import run_batch
 from eosink._setup import open_runtime, prepare_sink
 from eosink._stream import close_live, open_stream_batches
 from eosink._write import Written
@@ -222,7 +222,7 @@ def main(
     in ``out``); a None value removes one (``{"partition_by": None}``). The driver's own keys:
 
     * ``batch``: true runs ``eosink.run``'s batch of epoch :data:`BATCH_EPOCH`
-      (:func:`eosink._run.run_batch`, every batch's rows in that one epoch) instead of a
+      (:func:`eosink._batch.run_batch`, every batch's rows in that one epoch) instead of a
       stream;
     * ``front``: ``"format"`` runs ``format("eosink")``'s data source (:func:`_format`)
       instead of ``eosink.run``;

@@ -68,7 +68,7 @@ STREAM_FAULTS = [
 # A batch job has one epoch (5): the first run dies once Spark's own writers staged it,
 # before it is PENDING; the next one once it is PENDING, before its commit (the restart
 # commits what Spark's writers staged). The batch run's other points, chains and random
-# kills: tests/test_lifecycle_kills.py (eosink._run.run_batch without Spark), which caught
+# kills: tests/test_lifecycle_kills.py (eosink._batch.run_batch without Spark), which caught
 # the deliberately broken variants the chains here caught (docs/testing.md).
 BATCH_FAULTS = [["after_spark_write", "before_commit"]]
 # format("eosink") streams and batches (its driver side runs in Spark's Python workers: the

@@ -93,7 +93,7 @@ CASES = [
         max_row_count=2 * ROWS,
     ),
     # (eosink.run's local batch cases, an ORC batch merged from 3 tasks' pieces and a JSON
-    # batch killed in its rolls: tests/test_lifecycle_kills.py, eosink._run.run_batch
+    # batch killed in its rolls: tests/test_lifecycle_kills.py, eosink._batch.run_batch
     # without Spark.)
     # (S3 streams, Python writers: a JSON chain, each epoch's ~5.5 MiB uploaded as a part of
     # its slot's multipart upload, and a Parquet chain, pieces merged and uploaded when the

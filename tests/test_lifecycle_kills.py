@@ -69,7 +69,7 @@ CHAINS = [
     ["before_commit@2", "stream_before_start", "mid_commit", "after_commit"],
 ]
 # eosink.run's batch runs (tests/lifecycle_driver.py's ``batch``: the one function
-# eosink.run runs a batch with, eosink._run.run_batch; one epoch, 5, of every batch's rows,
+# eosink.run runs a batch with, eosink._batch.run_batch; one epoch, 5, of every batch's rows,
 # written by three tasks). The first runs die before the epoch is PENDING (aborted and
 # written again), the next ones while finishing the PENDING epoch (before, inside and after
 # its commit, after COMMITTED); mid_abort between two tasks' staged data.

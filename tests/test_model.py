@@ -11,7 +11,7 @@ order: :func:`eosink._stream.open_stream_batches` starts it, its ``foreachBatch`
 :class:`~eosink._protocol.AsyncCommitter` commits in its own thread behind its checkpoint gate
 (which the model narrows: one epoch per ``async_commit`` step, so that the steps interleave
 as the model draws them), and :func:`eosink._stream.close_live` ends it. A batch run is
-:func:`eosink._run.run_batch`. Spark's checkpoint is a directory whose ``commits/<batch>`` file
+:func:`eosink._batch.run_batch`. Spark's checkpoint is a directory whose ``commits/<batch>`` file
 the model writes when a micro-batch's function returns; a batch planned once keeps its rows
 when it is re-run (Spark's offsets log). A crash is a fault point raising in-process
 (:func:`eosink.faults.simulate`): the crashed driver's objects are abandoned and the next
@@ -609,9 +609,9 @@ class ProtocolModel(RuleBasedStateMachine):
 
     # -- batch runs --------------------------------------------------------------------------
     def _batch(self, job: Job) -> None:
-        """``eosink.run``'s batch run: :func:`eosink._run.run_batch` itself, its write the
+        """``eosink.run``'s batch run: :func:`eosink._batch.run_batch` itself, its write the
         model's writers."""
-        from eosink._run import run_batch
+        from eosink._batch import run_batch
 
         def write(ep: Any) -> Written:
             self._saw(ep.epoch)

@@ -49,7 +49,7 @@ SCHEMA = "eosink_crash"
 # (two staging tables), it also caught a recovery commit applying one table only, which the
 # Spark chain here (one task an epoch) let pass. Here: what needs Spark.
 # eosink.run's batch chains (a PostgreSQL and a SQLite target) likewise run in
-# tests/test_lifecycle_kills.py (eosink._run.run_batch without Spark).
+# tests/test_lifecycle_kills.py (eosink._batch.run_batch without Spark).
 
 
 @pytest.fixture

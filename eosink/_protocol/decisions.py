@@ -57,6 +57,15 @@ class _Decisions(_Recovery):
         self.recover(first_epoch=e)
         return Epoch(self, e, decision)
 
+    def batch_epoch_decided(self, epoch: int) -> Epoch:
+        """A batch run's epoch that :meth:`batch_epoch` gave to be written in another process
+        of the run, to be prepared and committed here: ``format("eosink")``'s data source
+        decides in its ``writer`` (a Python worker of Spark's driver) and commits in its
+        ``commit`` (another one). Only the target's journal is imported again (a crashed run's
+        PENDING epoch known only beside the target); the decision stands."""
+        self.import_target_journal()
+        return Epoch(self, epoch, WRITE)
+
     def stream_epoch(self, epoch: int, *, inline: bool = False) -> Epoch:
         """The epoch ``base + batchId`` of a micro-batch.
 
