@@ -627,9 +627,43 @@ class ProtocolModel(RuleBasedStateMachine):
         rt.close()
         rt.store.close()
 
-    def _run_job(self, job: Job, fault: tuple[str, int] | None, *, may_refuse: bool) -> None:
+    def _format_batch_run(self, job: Job) -> None:
+        """``df.write.format("eosink")``: its data source's ``writer`` on the driver (options
+        as strings; the epoch decided there), the tasks' ``write``, then ``commit`` on a
+        pickled copy of the writer (or ``abort`` after a task failed), as Spark runs them."""
+        import pickle
+
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        from eosink._datasource import EosinkDataSource
+
+        opts = {
+            "sink": "file",
+            "sink_id": SID,
+            "metastore_url": self.url,
+            "path": str(self.out),
+            "format": "parquet",
+        }
+        if job.epoch is not None:
+            opts["epoch"] = str(job.epoch)
+        self._supersede()  # the writer's coordinator acquires the sink
+        w = EosinkDataSource(opts).writer(from_arrow_schema(SCHEMA), False)
+        self._saw(w.epoch)
         try:
-            ok = self._attempt(fault, lambda: self._batch(job))
+            messages = [w.write(iter(p)) for p in _tasks(job.ids)]
+        except SimulatedCrash:
+            raise
+        except BaseException:
+            pickle.loads(pickle.dumps(w)).abort([])
+            raise
+        pickle.loads(pickle.dumps(w)).commit(messages)
+
+    def _run_job(
+        self, job: Job, fault: tuple[str, int] | None, *, may_refuse: bool, front: str = "run"
+    ) -> None:
+        run = self._format_batch_run if front == "format" else self._batch
+        try:
+            ok = self._attempt(fault, lambda: run(job))
         except UnfinishedRunError:
             # An automatic run crashed with its data complete; eosink committed it now.
             crashed = [j for j in self.jobs if j.epoch is None and j.state == "crashed"]
@@ -657,10 +691,14 @@ class ProtocolModel(RuleBasedStateMachine):
         rows=st.integers(min_value=0, max_value=4),
         pick=st.integers(min_value=0, max_value=50),
         fault=FAULTS,
+        front=st.sampled_from(["run", "run", "format"]),
     )
-    def batch_run(self, kind: str, rows: int, pick: int, fault: tuple[str, int] | None) -> None:
-        """A batch run while the stream (if any) runs: it takes the sink over, so the
-        stream's driver is fenced from then on."""
+    def batch_run(
+        self, kind: str, rows: int, pick: int, fault: tuple[str, int] | None, front: str = "run"
+    ) -> None:
+        """A batch run (``eosink.run`` or ``format("eosink")``, ``front``) while the stream
+        (if any) runs: it takes the sink over, so the stream's driver is fenced from then
+        on."""
         may_refuse = kind == "backfill"
         if kind == "rerun":
             old = [j for j in self.jobs if j.epoch is not None and j.state in ("done", "crashed")]
@@ -686,7 +724,7 @@ class ProtocolModel(RuleBasedStateMachine):
         else:
             job = Job(self._ids(rows), None)
             self.jobs.append(job)
-        self._run_job(job, fault, may_refuse=may_refuse)
+        self._run_job(job, fault, may_refuse=may_refuse, front=front)
 
     # -- invariants --------------------------------------------------------------------------
     @invariant()
