@@ -210,6 +210,20 @@ def _tasks(ids: list[int]) -> list[list[pa.RecordBatch]]:
     ]
 
 
+def _data_source(options: dict[str, str]) -> Any:
+    """``format("eosink")``'s data source with ``options``."""
+    from eosink._datasource import EosinkDataSource
+
+    return EosinkDataSource(options)
+
+
+def _spark_schema() -> Any:
+    """The model's rows' schema as Spark hands it to a data source."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(SCHEMA)
+
+
 @dataclass
 class Job:
     """A batch run: its rows and ``epoch=`` (None: the next free one)."""
@@ -368,26 +382,29 @@ class ProtocolModel(RuleBasedStateMachine):
         d.gate()
         self.driver = d
 
-    def _start_format(self, s: Stream, cont: bool) -> None:
-        """``format("eosink")``'s start of a stream: its data source's ``streamWriter``, as
-        Spark calls it (options as strings) when the query starts."""
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        from eosink._datasource import EosinkDataSource
-
-        opts = {
+    def _format_options(self) -> dict[str, str]:
+        """``format("eosink")``'s options for the model's sink, as strings (as Spark passes
+        them)."""
+        return {
             "sink": "file",
             "sink_id": SID,
             "metastore_url": self.url,
             "path": str(self.out),
             "format": "parquet",
+        }
+
+    def _start_format(self, s: Stream, cont: bool) -> None:
+        """``format("eosink")``'s start of a stream: its data source's ``streamWriter``, as
+        Spark calls it (options as strings) when the query starts."""
+        opts = {
+            **self._format_options(),
             "checkpointLocation": str(s.path),
             "new_checkpoint": "continue" if cont else "refuse",
         }
         self._supersede()
 
         def stream_writer() -> Any:
-            return EosinkDataSource(opts).streamWriter(from_arrow_schema(SCHEMA), False)
+            return _data_source(opts).streamWriter(_spark_schema(), False)
 
         self.driver = Driver(None, s, True, sw=stream_writer(), new_writer=stream_writer)
 
@@ -633,21 +650,11 @@ class ProtocolModel(RuleBasedStateMachine):
         pickled copy of the writer (or ``abort`` after a task failed), as Spark runs them."""
         import pickle
 
-        from pyspark.sql.pandas.types import from_arrow_schema
-
-        from eosink._datasource import EosinkDataSource
-
-        opts = {
-            "sink": "file",
-            "sink_id": SID,
-            "metastore_url": self.url,
-            "path": str(self.out),
-            "format": "parquet",
-        }
+        opts = self._format_options()
         if job.epoch is not None:
             opts["epoch"] = str(job.epoch)
         self._supersede()  # the writer's coordinator acquires the sink
-        w = EosinkDataSource(opts).writer(from_arrow_schema(SCHEMA), False)
+        w = _data_source(opts).writer(_spark_schema(), False)
         self._saw(w.epoch)
         try:
             messages = [w.write(iter(p)) for p in _tasks(job.ids)]
