@@ -188,6 +188,15 @@ def _written(rt: SinkRuntime, messages: list[Any]) -> Written:
     return Written(results, sum(m.rows for m in msgs), 0.0, "python")
 
 
+def _discard_refused(rt: SinkRuntime, epoch: int) -> None:
+    """Delete what the tasks staged for ``epoch`` in a refused micro-batch. This front end's
+    tasks write before the decision: their output has no committable, and no later start
+    would delete it under an epoch another run committed (rule 4 never touches a visible
+    epoch). A PENDING epoch's staged data is its run's: left alone."""
+    if rt.status_of(epoch) in (None, COMMITTED):  # no row: none, or gone by GC
+        rt.discard(epoch)
+
+
 def _commit_stream_epoch(rt: SinkRuntime, epoch: int, messages: list[Any]) -> None:
     """A micro-batch's epoch, written by the data source's tasks, decided here (recovery
     first: this front end commits inline), then phase 1 and 2; a replay's output is
@@ -196,12 +205,7 @@ def _commit_stream_epoch(rt: SinkRuntime, epoch: int, messages: list[Any]) -> No
         ep = rt.stream_epoch(epoch, inline=True)
     except SinkIdentityError:
         # Refused (another run took the epoch; the restart moves the query above it).
-        # This front end's tasks wrote before the decision: their output has no
-        # committable, and no later start would delete it under an epoch another run
-        # committed (rule 4 never touches a visible epoch). A PENDING epoch's staged
-        # data is its run's: left alone.
-        if rt.status_of(epoch) in (None, COMMITTED):  # no row: none, or gone by GC
-            rt.discard(epoch)
+        _discard_refused(rt, epoch)
         raise
     if ep.skipped:
         log.info(
@@ -340,14 +344,13 @@ def _tasks_epochs(messages: list[Any]) -> set[int]:
 def _refuse_moved(rt: SinkRuntime, batch_id: int, written: int, epoch: int) -> None:
     """Refuse the commit of micro-batch ``batch_id``, which the tasks wrote as epoch
     ``written`` while the stream's base has since moved it to ``epoch``: delete what they
-    staged (unless ``written`` is another run's PENDING epoch, whose staged data is that
-    run's), and raise. The restart runs the micro-batch again as ``epoch``.
+    staged (:func:`_discard_refused`), and raise. The restart runs the micro-batch again
+    as ``epoch``.
 
     Raises:
         SinkIdentityError: always.
     """
-    if rt.status_of(written) in (None, COMMITTED):  # no row: none, or gone by GC
-        rt.discard(written)
+    _discard_refused(rt, written)
     raise SinkIdentityError(
         f"sink {rt.sink_id!r}: another run wrote epoch(s) this query was to write while it "
         f"ran; micro-batch {batch_id}, written as epoch {written}, is discarded, and the "
