@@ -8,6 +8,9 @@ packages are pinned to the main environment's versions (a constraints file of it
 distributions), so that only Spark differs. They are cached under
 ``~/.cache/eosink-bench/`` (``EOSINK_BENCH_CACHE``) and rebuilt only when what they are made
 of changes (the pyspark version, the main environment's packages, eosink's pyproject.toml).
+Not when the checkout moves: a program run with :func:`child_env` imports eosink and the
+built-in plugins from *this* checkout (``PYTHONPATH``), whichever checkout the environment's
+editable install was made from (a CI run's fresh clone reuses the environment, ~60 s each).
 """
 
 from __future__ import annotations
@@ -94,7 +97,6 @@ def _venv(pyspark: str, log: Callable[[str], None]) -> Path:
         "wanted": wanted,
         "extras": EXTRAS,
         "constraints": constraints,
-        "eosink": str(ROOT),
         "pyproject": hashlib.sha1((ROOT / "pyproject.toml").read_bytes()).hexdigest(),
     }
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -121,11 +123,15 @@ def _venv(pyspark: str, log: Callable[[str], None]) -> Path:
 
 def child_env(py: Path) -> dict[str, str]:
     """The environment of a program run with another line's Python ``py``: this process's,
-    without what would point it at the main environment's Spark."""
+    without what would point it at the main environment's Spark, and with this checkout's
+    eosink and plugins first on the path (the environment's editable install may be of
+    another checkout; the entry points are the same, since the environment's key holds
+    pyproject.toml). Spark's Python workers inherit it."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_SUBMIT_ARGS")
     }
     env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py), PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "plugins")])
     return env

@@ -180,6 +180,10 @@ class ConnectServer:
         # EOSINK_TEST_CDS once built): the server's class path is a driver's, and it starts
         # in half the time (6 s instead of 12 here). A mismatch is ignored (-Xshare:auto).
         archive = os.environ.get("EOSINK_TEST_CDS", "0")
+        if archive != "0" and self.python != sys.executable:  # another line's (if built)
+            from jvm import spark_cds_archive_path
+
+            archive = str(spark_cds_archive_path(Path(self.python)))
         if archive != "0" and Path(archive).exists():
             java_options += [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds=off"]
         conf = {
@@ -225,6 +229,8 @@ class ConnectServer:
             SPARK_LOG_DIR=str(self.root),
             TMPDIR=str(self.root / "local"),
         )
+        if self.python != sys.executable:  # another line's: this checkout's eosink first
+            env["PYTHONPATH"] = _checkout_path()
         env.update(self.env)
         return env
 
@@ -428,6 +434,14 @@ def client_command(url: str, steps: list[dict[str, Any]], python: str | None = N
     return [python or sys.executable, str(TESTS / "connect_job.py"), job]
 
 
+def _checkout_path() -> str:
+    """``PYTHONPATH`` for another Spark line's interpreter (bench/_pylines.py): its editable
+    install of eosink may be of another checkout."""
+    from bench._pylines import child_env
+
+    return child_env(Path(sys.executable))["PYTHONPATH"]
+
+
 def client_env(fault: str | None = None, marks: Path | None = None) -> dict[str, str]:
     """The environment of a client process: the tests', less Spark driver settings (a
     Connect client starts no JVM), with ``fault`` armed in the client itself."""
@@ -482,10 +496,13 @@ class Client:
         python: str | None = None,
     ) -> None:
         self.log = log
+        env = dict(env or client_env())
+        if python is not None and python != sys.executable:
+            env["PYTHONPATH"] = _checkout_path()  # another line's client: this checkout's eosink
         with open(log, "w") as fh:
             self.proc = subprocess.Popen(
                 client_command(url, steps, python),
-                env=env or client_env(),
+                env=env,
                 cwd=cwd,
                 stdout=fh,
                 stderr=subprocess.STDOUT,

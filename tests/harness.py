@@ -434,18 +434,21 @@ class Job:
 
     def _env(self, fault: str | None) -> dict[str, str]:
         env = dict(os.environ)
+        # Short-lived drivers start faster with the C1 JIT only, and with Spark's classes
+        # from a class-data-sharing archive once conftest has built it (tests/jvm.py; another
+        # Spark line's, once tests/test_spark_lines.py built it).
+        from jvm import FAST_JVM_FLAGS, driver_submit_args, spark_cds_archive_path
+
+        archive = os.environ.get("EOSINK_TEST_CDS", "0")
         if self.python is not None:  # another Spark line: nothing of this one's Spark
             from bench._pylines import child_env
 
             env = child_env(self.python)
-            env.pop("EOSINK_TEST_CDS", None)  # the archive is of this line's jars
+            env.pop("EOSINK_TEST_CDS", None)
+            if archive != "0":
+                archive = str(spark_cds_archive_path(self.python))
         env.pop("EOSINK_FAULT", None)
-        # Short-lived drivers start faster with the C1 JIT only, and with Spark's classes
-        # from a class-data-sharing archive once conftest has built it (tests/jvm.py).
-        from jvm import FAST_JVM_FLAGS, driver_submit_args
-
         env.setdefault("JDK_JAVA_OPTIONS", " ".join(FAST_JVM_FLAGS))
-        archive = os.environ.get("EOSINK_TEST_CDS", "0")
         if archive != "0" and "PYSPARK_SUBMIT_ARGS" not in env:
             submit = driver_submit_args(Path(archive))
             if submit:

@@ -367,25 +367,44 @@ def _java_version() -> str:
     return out.stderr.strip()
 
 
-def spark_cds_archive_path() -> Path:
-    """Where the class-data-sharing archive of this Java and pyspark lives (may not exist).
+@functools.cache
+def spark_cds_archive_path(python: Path | None = None) -> Path:
+    """Where the class-data-sharing archive of this Java and pyspark lives (may not exist);
+    with ``python``, of that interpreter's pyspark (another Spark line's environment,
+    bench/_pylines.py).
 
     Loading Spark's classes from a dynamic CDS archive cuts a driver's start (session and
     first job) by about a third on this 2-core machine, and the crash tests start ~150
     drivers. The archive is valid for the driver's classpath only, so it is given to driver
     JVMs alone (``--driver-java-options``, see ``driver_submit_args``).
     """
-    import pyspark
+    if python is None:
+        import pyspark
 
-    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
-    key = hashlib.sha256(
-        "\n".join([_java_version(), pyspark.__version__, *jars]).encode()
-    ).hexdigest()[:16]
+        version = pyspark.__version__
+        jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    else:
+        out = subprocess.run(
+            [str(python), "-c", _LINE_JARS], capture_output=True, text=True, check=True
+        ).stdout.split()
+        version, jars = out[0], out[1:]
+    key = hashlib.sha256("\n".join([_java_version(), version, *jars]).encode()).hexdigest()[:16]
     return cache_root().parent / "cds" / f"spark-driver-{key}.jsa"
 
 
-def build_spark_cds_archive(archive: Path, python: str, timeout: float = 600) -> bool:
-    """Build ``archive`` by running a small batch and streaming eosink job once.
+_LINE_JARS = """
+import os, pyspark
+print(pyspark.__version__)
+print(*sorted(n for n in os.listdir(os.path.join(os.path.dirname(pyspark.__file__), "jars"))
+              if n.endswith(".jar")))
+"""
+
+
+def build_spark_cds_archive(
+    archive: Path, python: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> bool:
+    """Build ``archive`` by running a small batch and streaming eosink job once with
+    ``python`` (in ``env``: this process's environment by default).
 
     The JVM writes the archive when it exits normally (``-XX:ArchiveClassesAtExit``); it is
     written beside the target and renamed into place, so readers never see a partial one.
@@ -395,7 +414,7 @@ def build_spark_cds_archive(archive: Path, python: str, timeout: float = 600) ->
         return True
     archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_name(f"{archive.name}.{os.getpid()}.partial")
-    env = dict(os.environ)
+    env = dict(os.environ if env is None else env)
     env["PYSPARK_SUBMIT_ARGS"] = (
         f"--driver-java-options '-XX:ArchiveClassesAtExit={partial} -Xlog:cds=off' pyspark-shell"
     )

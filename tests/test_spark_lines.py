@@ -14,6 +14,7 @@ Spark Connect (a 3.5 server and client). The 3.5 environment has numpy<2 and pya
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -35,7 +36,20 @@ LINES = ["3.5.9", "4.0.5"]
 
 @cache
 def python_of(pyspark: str) -> Path:
-    return _pylines.venv(pyspark, lambda msg: print(msg, file=sys.stderr))
+    """The line's Python (its environment built once, cached), and its drivers'
+    class-data-sharing archive (tests/jvm.py: built once per line, cached)."""
+    py = _pylines.venv(pyspark, lambda msg: print(msg, file=sys.stderr))
+    if os.environ.get("EOSINK_TEST_CDS", "0") != "0":
+        import fcntl
+
+        from jvm import build_spark_cds_archive, spark_cds_archive_path
+
+        archive = spark_cds_archive_path(py)
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        with open(archive.with_name(f".{archive.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # pytest's workers build it once
+            build_spark_cds_archive(archive, str(py), env=_pylines.child_env(py))
+    return py
 
 
 def _run(py: Path, cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
