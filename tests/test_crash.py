@@ -45,23 +45,16 @@ pytestmark = pytest.mark.crash
 # one case per point would, with fewer driver starts.
 STREAM_FAULTS = [
     # The first run dies right after writing the checkpoint's lineage file, before the meta
-    # store records it; the next ones at each point up to the commit of epoch 1 (Spark's own
-    # writers stage it: after_spark_write).
-    [
-        "after_lineage_written",
-        "after_spark_write@2",
-        "after_write_results@2",
-        "after_pre_commit@2",
-        "after_persist@2",
-        "before_commit@2",
-    ],
-    # Epoch 1 checkpointed by Spark, not committed: the restart dies once the stream is set
-    # up, before Spark's query starts (recovery of epoch 1 held for its first micro-batch),
-    # the next one inside recovery's own commit of epoch 1, the next right after it.
-    ["before_commit@2", "stream_before_start", "mid_commit", "after_commit"],
+    # store records it; the next ones around Spark's checkpoint of epoch 1: once Spark's own
+    # writers staged it (after_spark_write), once it is PENDING before Spark checkpoints it,
+    # and once Spark checkpointed it, before its commit.
+    ["after_lineage_written", "after_spark_write@2", "after_persist@2", "before_commit@2"],
 ]
-# The other core points of the stream (the commit's mid_commit@2, after_commit@2,
-# after_mark_committed@2; recovery's abort of an epoch Spark did not checkpoint) are killed,
+# The other core points of the stream (phase 1's after_write_results and after_pre_commit;
+# the commit's mid_commit@2, after_commit@2, after_mark_committed@2; a restart with epoch 1
+# checkpointed and not committed, killed before Spark's query starts (stream_before_start,
+# recovery held for the first micro-batch), inside recovery's commit of epoch 1 and after
+# it; recovery's abort of an epoch Spark did not checkpoint, on both meta stores) are killed,
 # at several epochs and at random instants, in the Spark-less lifecycle driver
 # (tests/test_lifecycle_kills.py: the same stream lifecycle, meta store and file sink), which
 # caught the deliberately broken variants these chains caught (docs/testing.md).
@@ -72,21 +65,23 @@ STREAM_FAULTS = [
 # the deliberately broken variants the chains here caught (docs/testing.md).
 BATCH_FAULTS = [["after_spark_write", "before_commit"]]
 # format("eosink") streams and batches (its driver side runs in Spark's Python workers: the
-# whole driver is killed when a point fires there): phase 2 inline, killed in the worker's
-# commit and around it. The data source's other core points (the lineage file, phase 1,
-# after COMMITTED) are killed in tests/test_lifecycle_kills.py, which drives the same data
-# source without Spark, as Spark drives it, and caught the broken variants these chains
-# caught (docs/testing.md).
-DS_FAULTS = [["after_persist@2", "mid_commit@2", "after_commit@3"]]
-# format("eosink") batches (one epoch, 5): PENDING, then killed inside its commit.
-DS_BATCH_FAULTS = [["after_persist", "mid_commit"]]
+# whole driver is killed when a point fires there): phase 2 inline, killed once the worker's
+# commit made the micro-batch PENDING (the query's restart finishes it in its start-up
+# worker) and inside the commit. A batch (one epoch, 5): killed inside its commit. The data
+# source's other core points (the lineage file, phase 1, after the commit, after COMMITTED)
+# are killed in tests/test_lifecycle_kills.py, which drives the same data source without
+# Spark, as Spark drives it, and caught the broken variants these chains caught
+# (docs/testing.md).
+DS_FAULTS = [["after_persist@2", "mid_commit@2"]]
+DS_BATCH_FAULTS = [["mid_commit"]]
 
-# Also on PostgreSQL (the protocol's SQL differs per dialect; test_metastore.py covers the
-# store's semantics on both): a crash while aborting. The front ends share the store's code:
-# one chain on PostgreSQL is enough (test_random_kills kills a PostgreSQL one at random).
-STREAM_ON_POSTGRES = [["after_persist@3", "mid_abort"]]
+# On PostgreSQL (the protocol's SQL differs per dialect; test_metastore.py covers the store's
+# semantics on both) the Spark-less lifecycle driver kills every chain of the stream
+# (tests/test_lifecycle_kills.py test_chain), and the iceberg and sql sinks' crash tests kill
+# Spark drivers (tests/test_iceberg_crash.py: after PENDING and while aborting).
+STREAM_ON_POSTGRES: list[list[str]] = []
 # After these, the finished job is run once more: replays of committed epochs change nothing.
-RERUN = [STREAM_FAULTS[1]]  # after a held recovery
+RERUN = [STREAM_FAULTS[0]]
 
 
 def _cases(matrix: list[list[str]], on_postgres: list[list[str]]) -> list[object]:
