@@ -154,7 +154,7 @@ def _format(
     raw = {
         "sink": sink,
         "sink_id": sink_id,
-        "metastore_url": url,
+        **({} if url == "default" else {"metastore_url": url}),
         **{k: json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in options.items()},
     }
     spark_schema = from_arrow_schema(schema)
@@ -263,7 +263,7 @@ def main(
         options,
         streaming=stream,
         sink_id=sink_id,
-        metastore_url=url,
+        metastore_url=None if url == "default" else url,  # eosink's default: the machine's
         schema=schema,
         epoch=None if stream else BATCH_EPOCH,
         checkpoint_location=checkpoint if stream else None,

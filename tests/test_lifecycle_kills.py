@@ -155,11 +155,17 @@ class Driver:
         url: str = "",
         options: dict[str, Any] | None = None,
         rows: int = ROWS,
+        moves: bool = False,
     ) -> None:
         """``url``: the meta store (a SQLite file in ``tmp`` by default); the sink's id is
         made of ``tmp`` (the tests of a worker share one PostgreSQL meta store).
         ``options``: more file sink options (tests/lifecycle_driver.py). ``rows``: each
-        micro-batch's."""
+        micro-batch's. ``moves``: every run on a new machine, as harness.Job's
+        ``on_machine``: its own HOME, EOSINK_HOME and TMPDIR under ``tmp/machines/m<n>``,
+        the meta store eosink's default there (a new, empty one); only the checkpoint, the
+        input and the target shared."""
+        self.moves = moves
+        self.logs: list[str] = []
         self.options = options
         # As harness.Job's, for the sinks' checks (expected_epochs...): "stream" or "batch".
         self.mode = "batch" if (options or {}).get("batch") else "stream"
@@ -170,7 +176,7 @@ class Driver:
         self.tmp = tmp
         tmp.mkdir(parents=True, exist_ok=True)
         self.batches = batches
-        self.url = url or f"sqlite:///{tmp / 'm.db'}"
+        self.url = "default" if moves else url or f"sqlite:///{tmp / 'm.db'}"
         self.sink_id = f"lifecycle-{hashlib.sha1(str(tmp).encode()).hexdigest()[:12]}"
         self.out = tmp / "out"
         self.checkpoint = tmp / "ckpt"
@@ -185,6 +191,15 @@ class Driver:
         env = {"EOSINK_FAULT_MARK": str(self.marks)}
         if fault:
             env["EOSINK_FAULT"] = fault
+        if self.moves:
+            machine = self.tmp / "machines" / f"m{self.runs}"
+            for d in ("home", "tmp"):
+                (machine / d).mkdir(parents=True, exist_ok=True)
+            env.update(
+                HOME=str(machine / "home"),
+                EOSINK_HOME=str(machine / "home" / ".eosink"),
+                TMPDIR=str(machine / "tmp"),
+            )
         argv = [self.url, str(self.out), str(self.checkpoint), str(self.batches), str(self.rows)]
         argv.append(self.sink_id)
         if self.options:
@@ -192,10 +207,15 @@ class Driver:
         log = self.tmp / f"run-{self.runs}.log"
         code = self.zygote.run(argv, env, log, kill_after)
         self.log = log.read_text() if log.exists() else ""  # killed before it opened it
+        self.logs.append(self.log)
         return code
 
     @property
     def metastore(self) -> str:
+        """The meta store of the last run (with ``moves``, its machine's default one)."""
+        if self.moves:
+            home = self.tmp / "machines" / f"m{self.runs}" / "home"
+            return f"sqlite:///{home / '.eosink' / 'metastore.db'}"
         return self.url
 
     metastore_url = metastore
@@ -250,7 +270,7 @@ class Driver:
         import sqlalchemy as sa
 
         try:
-            return epoch_states(self.url, self.sink_id)
+            return epoch_states(self.metastore, self.sink_id)
         except (sa.exc.OperationalError, sa.exc.ProgrammingError):  # killed before the schema
             return {}
 
@@ -288,6 +308,54 @@ def test_chain(
     if batch or chain is CHAINS[1]:
         d.finish()  # running the finished stream or batch again changes nothing
         d.check()
+
+
+def _check_moved(d: Driver) -> None:
+    """Every row once, every epoch COMMITTED in some machine's store, the last one's with
+    nothing PENDING or ABORTED, the journal with the newest committed epoch's entry only
+    (tests/test_driver_moves.py's checks); later drivers took epochs from the journal."""
+    from test_driver_moves import check_files
+
+    check_files(d, list(range(d.batches * ROWS)), partitioned=True)  # type: ignore[arg-type]
+    logs = "\n".join(d.logs)
+    assert "SinkIdentityError" not in logs and "NewCheckpointError" not in logs
+
+
+# tests/test_driver_moves.py's chain: every point between PENDING and COMMITTED, each in a run
+# on a new machine (a new, empty default meta store; the checkpoint's journal carries the
+# epochs), the restart's first commit often recovery's commit of an epoch from the journal.
+MOVES_CHAIN = [
+    "after_persist@2",
+    "before_commit@1",
+    "mid_commit@1",
+    "after_commit@1",
+    "after_mark_committed@1",
+    "before_commit@2",
+]
+
+
+@pytest.mark.parametrize("front", ["run", "format"])
+def test_driver_moves_chain(zygote: Zygote, tmp_path: Path, front: str) -> None:
+    """``eosink.run``'s stream and ``format("eosink")``'s, each run on another machine."""
+    opts = {"front": "format", "tasks": 2} if front == "format" else None
+    d = Driver(zygote, tmp_path, batches=4 + len(MOVES_CHAIN), options=opts, moves=True)
+    for fault in MOVES_CHAIN:
+        d.kill_at(fault, front=f"{front}-stream")
+    d.finish()
+    _check_moved(d)
+    assert "PENDING in the checkpoint's journal" in "\n".join(d.logs)
+
+
+def test_driver_moves_random_kills(zygote: Zygote, tmp_path: Path) -> None:
+    """Random kills of a stream whose every restart runs on another machine."""
+    kills, pending = _random_kills(
+        lambda name: Driver(zygote, tmp_path / name, batches=12, moves=True),
+        random.Random("20261129-moves"),
+        _check_moved,
+        streams=4,
+        attempts=8,
+    )
+    assert pending >= 2, f"{pending} of {kills} kills left an epoch PENDING"
 
 
 @pytest.mark.parametrize("point", POINTS)
