@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -94,8 +95,8 @@ def main() -> int:
     p.add_argument(
         "--speculate",
         default="",
-        help="a batch run (epoch=1) with spark.speculation on and a stalled first attempt of "
-        "one task (see slow_first_attempt), instead of the stream",
+        help="batch runs (epoch=1, one per writer of --writer) with spark.speculation on and "
+        "a stalled first attempt of one task (see slow_first_attempt), instead of the stream",
     )
     a = p.parse_args()
     logging.basicConfig(
@@ -139,10 +140,17 @@ def main() -> int:
     if a.writer:
         opts["writer"] = a.writer
     if a.speculate:
-        df = spark.read.schema(SCHEMA).parquet(a.input).repartition(3)
-        df = df.mapInArrow(slow_first_attempt, df.schema)
-        r = eosink.run(df, sink=a.sink, epoch=1, partition_by=["grp"], **opts)
-        print("RESULT", r, flush=True)
+        # One batch per writer of --writer (a comma-separated list), each into OUT/<writer>,
+        # its attempts marked in SPECULATE/<writer>: one application (one start, one
+        # unpacking of the executors' environment) for both writer paths.
+        for writer in a.writer.split(","):
+            MARKS = os.path.join(a.speculate, writer)
+            os.makedirs(MARKS, exist_ok=True)
+            df = spark.read.schema(SCHEMA).parquet(a.input).repartition(3)
+            df = df.mapInArrow(slow_first_attempt, df.schema)
+            run = {**opts, "path": os.path.join(a.out, writer), "writer": writer}
+            r = eosink.run(df, sink=a.sink, epoch=1, partition_by=["grp"], **run)
+            print("RESULT", writer, r, flush=True)
         spark.stop()
         return 0
     sdf = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(a.input)

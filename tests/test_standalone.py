@@ -145,25 +145,28 @@ def test_standalone_driver_killed_and_restarted_on_another_machine(
     assert _leftovers(job, sink) == []
 
 
-@pytest.mark.parametrize("writer", ["spark", "python"])
 def test_speculative_attempts_leave_nothing(
-    tmp_path: Path, packed_env: Path, cluster_job: StandaloneCluster, writer: str
+    tmp_path: Path, packed_env: Path, cluster_job: StandaloneCluster
 ) -> None:
     """``spark.speculation=true`` and a task whose first attempt stalls after handing its
     first rows to the writer (tests/standalone_job.py ``slow_first_attempt``): Spark runs a
     speculative attempt on the other worker's host, which wins, and kills the stalled one.
     Only the winner's output is in the epoch's committable; what the loser staged is
-    deleted. On both writer paths: exactly the input is read back, nothing is left staged."""
+    deleted. On both writer paths (two batches of one application, each to its own
+    directory): exactly the input is read back, nothing is left staged."""
     attempts = tmp_path / "attempts"
     attempts.mkdir()
+    writers = ["spark", "python"]
     job = SubmittedJob(
-        tmp_path, cluster_job, packed_env, "file", writer=writer, speculate=str(attempts)
+        tmp_path, cluster_job, packed_env, "file", writer=",".join(writers), speculate=str(attempts)
     )
     expected = make_input(job.input)
     code = job.run("machine-a")
     assert code == 0, f"{job.last_log()}\n{cluster_job.executor_logs()}"
-    assert sorted(p.name for p in attempts.iterdir()) == ["attempt-0", "attempt-1"], (
-        f"no speculative attempt ran:\n{job.last_log()}"
-    )
-    assert read_ids(job.out, partitioned=True) == expected
-    assert staged_files(job.out) == []
+    for writer in writers:
+        assert sorted(p.name for p in (attempts / writer).iterdir()) == [
+            "attempt-0",
+            "attempt-1",
+        ], f"no speculative attempt ran with the {writer} writers:\n{job.last_log()}"
+        assert read_ids(job.out / writer, partitioned=True) == expected, writer
+        assert staged_files(job.out / writer) == [], writer
