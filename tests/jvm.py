@@ -431,6 +431,19 @@ def build_spark_cds_archive(
     return archive.exists()
 
 
+def fast_driver_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a short-lived Spark driver program of this environment's pyspark: the
+    C1 JIT only (:data:`FAST_JVM_FLAGS`) and Spark's classes from the CDS archive once
+    conftest has built it, as the crash tests' drivers start (unless ``env`` sets its own)."""
+    env = dict(env)
+    env.setdefault("JDK_JAVA_OPTIONS", " ".join(FAST_JVM_FLAGS))
+    archive = env.get("EOSINK_TEST_CDS", os.environ.get("EOSINK_TEST_CDS", "0"))
+    submit = driver_submit_args(Path(archive)) if archive != "0" else None
+    if submit and "PYSPARK_SUBMIT_ARGS" not in env:
+        env["PYSPARK_SUBMIT_ARGS"] = submit
+    return env
+
+
 def driver_submit_args(archive: Path) -> str | None:
     """``PYSPARK_SUBMIT_ARGS`` that start a Spark driver from ``archive``, if it exists yet."""
     if not archive.exists():

@@ -676,13 +676,20 @@ def test_format_eosink_without_registration(tmp_path: Path) -> None:
     """A plain SparkSession (no eosink.spark_session, no register_datasource) writes through
     format("eosink"): Spark's lookup finds pyspark_eosink's DefaultSource, which imports
     nothing of eosink until Spark asks it for a writer; every row once."""
+    import os
     import subprocess
     import sys
 
     out, meta = tmp_path / "out", f"sqlite:///{tmp_path / 'm.db'}"
     code = _UNREGISTERED
+    from jvm import fast_driver_env
+
     res = subprocess.run(
-        [sys.executable, "-c", code, str(out), meta], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code, str(out), meta],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=fast_driver_env(dict(os.environ)),
     )
     assert res.returncode == 0, res.stderr[-3000:]
     assert read_ids(out) == list(range(20))

@@ -70,15 +70,10 @@ def _child_env(python: Path) -> dict[str, str]:
     }
     env.update(PYSPARK_PYTHON=str(python), PYSPARK_DRIVER_PYTHON=str(python))
     env["PATH"] = f"{python.parent}{os.pathsep}{env.get('PATH', '')}"
-    # The crash test's drivers start from Spark's class-data-sharing archive when conftest
-    # has built it (tests/jvm.py), as eosink's own crash tests do.
-    from jvm import driver_submit_args
+    # The crash test's drivers start as eosink's own crash tests' do (tests/jvm.py).
+    from jvm import fast_driver_env
 
-    archive = os.environ.get("EOSINK_TEST_CDS", "0")
-    submit = driver_submit_args(Path(archive)) if archive != "0" else None
-    if submit and "PYSPARK_SUBMIT_ARGS" not in env:
-        env["PYSPARK_SUBMIT_ARGS"] = submit
-    return env
+    return fast_driver_env(env)
 
 
 def _lint(pkg: Path, python: Path, env: dict[str, str], tmp_path: Path) -> None:

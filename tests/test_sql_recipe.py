@@ -114,7 +114,9 @@ def test_kafka_cdc_recipe_runs_as_written(
         recipe = recipe.replace(old, new)
     (tmp_path / "recipe.py").write_text(recipe)
     conf = {"spark": spark_kafka_conf, "recipe": str(tmp_path / "recipe.py")}
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    from jvm import fast_driver_env
+
+    env = fast_driver_env({**os.environ, "PYSPARK_PYTHON": sys.executable})
     proc = subprocess.run(
         [sys.executable, "-c", DRIVER, json.dumps(conf)],
         cwd=tmp_path,
