@@ -15,9 +15,9 @@ point it can reach: the core's points and its own plugin's (each site apart). A 
 proven by
 
 * ``kill``: a real SIGKILL of a driver (or of a task's worker, for executor points) of that
-  sink through that front end at that point, asserted to have fired (for the file sink's
-  ``run-stream`` cells, also the Spark-less driver of the same stream lifecycle,
-  tests/test_lifecycle_kills.py: the check column names the test);
+  sink through that front end at that point, asserted to have fired: a Spark driver, or the
+  Spark-less driver of the same lifecycle (tests/test_lifecycle_kills.py, which drives every
+  sink and front end: the check column names the test);
 * ``core``: the point is the core's (eosink/, the same code whatever the sink), killed
   through that front end with another sink;
 * ``sink code``: the point is the sink's own, killed for that sink through another front
