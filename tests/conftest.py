@@ -116,7 +116,10 @@ def _whole_suite(config: pytest.Config) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After the whole suite: the fault coverage table (tests/faultmatrix.py) from the crash
-    tests' records, written beside the records; the run fails when a cell has no check."""
+    tests' records, written beside the records and, to outlive pytest's rotation of its base
+    temporary directories, with them into pytest's cache
+    (``.pytest_cache/d/fault-coverage/``: ``table.md``, ``records.jsonl``); the run fails
+    when a cell has no check."""
     config = session.config
     records = os.environ.get("EOSINK_TEST_FAULT_COVERAGE")
     if hasattr(config, "workerinput") or not records or not _whole_suite(config):
@@ -126,6 +129,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     found = faultmatrix.read_records(Path(records))
     out = Path(records) / "table.md"
     out.write_text(faultmatrix.markdown(found) + "\n")
+    cache = getattr(config, "cache", None)  # None with -p no:cacheprovider
+    if cache is not None:
+        kept = cache.mkdir("fault-coverage")
+        (kept / "table.md").write_text(out.read_text())
+        lines = [f.read_text() for f in sorted(Path(records).glob("*.jsonl"))]
+        (kept / "records.jsonl").write_text("".join(lines))
+        out = kept / "table.md"
     gaps = faultmatrix.missing(found)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter is not None else print

@@ -7,8 +7,8 @@ the front end and the point that fired, with its *site* where one point has seve
 held open, or of a new one). During a whole-suite run conftest collects the records and,
 at the end, builds this table and fails the run when a cell has no check (:func:`missing`).
 conftest keeps the records, and the table as ``table.md``, in ``fault-coverage/`` of pytest's
-base temporary directory; ``python -m tests.faultmatrix DIR`` prints the table of a run's
-records.
+base temporary directory and in ``.pytest_cache/d/fault-coverage/`` (the last whole-suite
+run's); ``python -m tests.faultmatrix DIR`` prints the table of a run's records.
 
 The cells: every sink of :data:`SINKS` with every front end of :data:`FRONTS` and every
 point it can reach: the core's points and its own plugin's (each site apart). A cell is
