@@ -273,7 +273,47 @@ def markdown(records: Iterable[Record]) -> str:
     for how, _ in rows.values():
         counts[how] += 1
     summary = ", ".join(f"{how} {n}" for how, n in sorted(counts.items()))
-    return "\n".join([f"{len(rows)} cells: {summary}", "", *lines])
+    spark = [
+        "",
+        "Spark-driver kills by sink and front end (the Spark-less lifecycle driver's apart):",
+        "",
+        "| sink | front end | Spark kills | at the sink's own points |",
+        "|---|---|---|---|",
+    ]
+    for (sink, front), (n, own) in sorted(spark_kills(recs).items()):
+        spark.append(f"| {sink} | {front} | {n} | {', '.join(f'`{p}`' for p in own) or 'none'} |")
+    return "\n".join([f"{len(rows)} cells: {summary}", "", *lines, *spark])
+
+
+LIFECYCLE_TESTS = "tests/test_lifecycle_kills.py::"
+"""The Spark-less driver's tests: their kills prove cells, and are counted apart from Spark
+drivers' in :func:`spark_kills`."""
+
+
+def spark_kills(records: Iterable[Record]) -> dict[tuple[str, str], tuple[int, list[str]]]:
+    """Each (sink, front end) of the table -> how many kills of a Spark driver (or of a
+    task's worker) it had, and at which of the sink's own points (not the core's). Issue
+    40 keeps Spark kills at each sink's own points through each front end; a row with none
+    is where only the lifecycle driver kills the sink's code through that front end."""
+    every = cells()
+    out: dict[tuple[str, str], tuple[int, list[str]]] = {}
+    for sink in SINKS:
+        for front in FRONTS:
+            mine = [
+                r
+                for r in records
+                if r.sink == sink and r.front == front and not r.test.startswith(LIFECYCLE_TESTS)
+            ]
+            own = sorted(
+                {
+                    r.point
+                    for r in mine
+                    if (site := every.get((sink, front, r.point))) is not None
+                    and site.owner != "core"
+                }
+            )
+            out[(sink, front)] = (len(mine), own)
+    return out
 
 
 if __name__ == "__main__":

@@ -77,6 +77,18 @@ def test_the_table_classifies_cells() -> None:
     )
 
 
+def test_spark_kills_are_counted_apart_from_the_lifecycle_drivers() -> None:
+    recs = [
+        Record("sql-pg", "run-stream", "mid_commit:held", "tests/test_sql_crash.py::t"),
+        Record("sql-pg", "run-stream", "after_persist", "tests/test_sql_crash.py::t"),
+        Record("sql-pg", "run-batch", "mid_commit:held", fm.LIFECYCLE_TESTS + "t"),
+    ]
+    got = fm.spark_kills(recs)
+    assert got[("sql-pg", "run-stream")] == (2, ["mid_commit:held"])
+    assert got[("sql-pg", "run-batch")] == (0, [])
+    assert "| sql-pg | run-batch | 0 | none |" in fm.markdown(recs)
+
+
 _SLOW_MARK = """
 import builtins, sys, time
 from eosink import faults
