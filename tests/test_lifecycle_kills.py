@@ -415,6 +415,25 @@ def test_sql_sink_on_sqlite_moves(zygote: Zygote, tmp_path: Path) -> None:
     check_states(d)  # type: ignore[arg-type]
 
 
+def test_batch_run_moves(zygote: Zygote, tmp_path: Path) -> None:
+    """A batch run (``epoch=5``) killed once PENDING, inside its commit and after it, each
+    re-run on a new machine: the target's batch journal finishes the crashed run's epoch
+    (never written twice, never refused); run again once finished, on yet another machine,
+    it changes nothing."""
+    from harness import read_ids, staged_files
+    from test_driver_moves import check_files
+
+    d = Driver(zygote, tmp_path, batches=4, options=BATCH, moves=True)
+    for fault in ["after_persist", "mid_commit", "after_commit"]:
+        d.kill_at(fault, front="run-batch")
+    d.finish()
+    assert "taking it from the journal" in "\n".join(d.logs)
+    check_files(d, list(range(d.batches * ROWS)), partitioned=True)  # type: ignore[arg-type]
+    d.finish()  # a new machine's store: the target's journal says epoch 5 is in
+    assert read_ids(d.out, partitioned=True) == list(range(d.batches * ROWS))
+    assert staged_files(d.out) == []
+
+
 def test_driver_moves_random_kills(zygote: Zygote, tmp_path: Path) -> None:
     """Random kills of a stream whose every restart runs on another machine."""
     kills, pending = _random_kills(
