@@ -310,13 +310,13 @@ def test_chain(
         d.check()
 
 
-def _check_moved(d: Driver) -> None:
+def _check_moved(d: Driver, superseded: bool = False) -> None:
     """Every row once, every epoch COMMITTED in some machine's store, the last one's with
     nothing PENDING or ABORTED, the journal with the newest committed epoch's entry only
-    (tests/test_driver_moves.py's checks); later drivers took epochs from the journal."""
+    (tests/test_driver_moves.py's checks; ``superseded``: check_states')."""
     from test_driver_moves import check_files
 
-    check_files(d, list(range(d.batches * ROWS)), partitioned=True)  # type: ignore[arg-type]
+    check_files(d, list(range(d.batches * ROWS)), True, superseded)  # type: ignore[arg-type]
     logs = "\n".join(d.logs)
     assert "SinkIdentityError" not in logs and "NewCheckpointError" not in logs
 
@@ -439,7 +439,7 @@ def test_driver_moves_random_kills(zygote: Zygote, tmp_path: Path) -> None:
     kills, pending = _random_kills(
         lambda name: Driver(zygote, tmp_path / name, batches=12, moves=True),
         random.Random("20261129-moves"),
-        _check_moved,
+        lambda d: _check_moved(d, superseded=True),
         streams=4,
         attempts=8,
     )
