@@ -133,5 +133,12 @@ def child_env(py: Path) -> dict[str, str]:
         if k not in ("SPARK_HOME", "PYTHONPATH", "VIRTUAL_ENV", "PYSPARK_SUBMIT_ARGS")
     }
     env.update(PYSPARK_PYTHON=str(py), PYSPARK_DRIVER_PYTHON=str(py), PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "plugins")])
+    env["PYTHONPATH"] = checkout_path()
     return env
+
+
+def checkout_path() -> str:
+    """``PYTHONPATH`` that puts this checkout's eosink and built-in plugins first, for a
+    program run with another line's Python (its editable install may be of another
+    checkout)."""
+    return os.pathsep.join([str(ROOT), str(ROOT / "plugins")])

@@ -230,7 +230,9 @@ class ConnectServer:
             TMPDIR=str(self.root / "local"),
         )
         if self.python != sys.executable:  # another line's: this checkout's eosink first
-            env["PYTHONPATH"] = _checkout_path()
+            from bench._pylines import checkout_path
+
+            env["PYTHONPATH"] = checkout_path()
         env.update(self.env)
         return env
 
@@ -434,14 +436,6 @@ def client_command(url: str, steps: list[dict[str, Any]], python: str | None = N
     return [python or sys.executable, str(TESTS / "connect_job.py"), job]
 
 
-def _checkout_path() -> str:
-    """``PYTHONPATH`` for another Spark line's interpreter (bench/_pylines.py): its editable
-    install of eosink may be of another checkout."""
-    from bench._pylines import child_env
-
-    return child_env(Path(sys.executable))["PYTHONPATH"]
-
-
 def client_env(fault: str | None = None, marks: Path | None = None) -> dict[str, str]:
     """The environment of a client process: the tests', less Spark driver settings (a
     Connect client starts no JVM), with ``fault`` armed in the client itself."""
@@ -497,8 +491,10 @@ class Client:
     ) -> None:
         self.log = log
         env = dict(env or client_env())
-        if python is not None and python != sys.executable:
-            env["PYTHONPATH"] = _checkout_path()  # another line's client: this checkout's eosink
+        if python is not None and python != sys.executable:  # another line's client
+            from bench._pylines import checkout_path
+
+            env["PYTHONPATH"] = checkout_path()
         with open(log, "w") as fh:
             self.proc = subprocess.Popen(
                 client_command(url, steps, python),

@@ -437,7 +437,7 @@ class Job:
         # Short-lived drivers start faster with the C1 JIT only, and with Spark's classes
         # from a class-data-sharing archive once conftest has built it (tests/jvm.py; another
         # Spark line's, once tests/test_spark_lines.py built it).
-        from jvm import FAST_JVM_FLAGS, driver_submit_args, spark_cds_archive_path
+        from jvm import fast_driver_env, spark_cds_archive_path
 
         archive = os.environ.get("EOSINK_TEST_CDS", "0")
         if self.python is not None:  # another Spark line: nothing of this one's Spark
@@ -448,11 +448,7 @@ class Job:
             if archive != "0":
                 archive = str(spark_cds_archive_path(self.python))
         env.pop("EOSINK_FAULT", None)
-        env.setdefault("JDK_JAVA_OPTIONS", " ".join(FAST_JVM_FLAGS))
-        if archive != "0" and "PYSPARK_SUBMIT_ARGS" not in env:
-            submit = driver_submit_args(Path(archive))
-            if submit:
-                env["PYSPARK_SUBMIT_ARGS"] = submit
+        env = fast_driver_env(env, archive)
         self.marks = self.tmp / f"faults-{len(self.logs)}"
         self.marks.mkdir(exist_ok=True)
         env["EOSINK_FAULT_MARK"] = str(self.marks)

@@ -431,13 +431,15 @@ def build_spark_cds_archive(
     return archive.exists()
 
 
-def fast_driver_env(env: dict[str, str]) -> dict[str, str]:
-    """``env`` for a short-lived Spark driver program of this environment's pyspark: the
-    C1 JIT only (:data:`FAST_JVM_FLAGS`) and Spark's classes from the CDS archive once
-    conftest has built it, as the crash tests' drivers start (unless ``env`` sets its own)."""
+def fast_driver_env(env: dict[str, str], archive: str | None = None) -> dict[str, str]:
+    """``env`` for a short-lived Spark driver program: the C1 JIT only
+    (:data:`FAST_JVM_FLAGS`) and Spark's classes from a CDS archive if it exists, as the crash
+    tests' drivers start (unless ``env`` sets its own). ``archive``: its path, ``"0"`` for
+    none; by default conftest's (``EOSINK_TEST_CDS``: this environment's pyspark)."""
     env = dict(env)
     env.setdefault("JDK_JAVA_OPTIONS", " ".join(FAST_JVM_FLAGS))
-    archive = env.get("EOSINK_TEST_CDS", os.environ.get("EOSINK_TEST_CDS", "0"))
+    if archive is None:
+        archive = env.get("EOSINK_TEST_CDS", os.environ.get("EOSINK_TEST_CDS", "0"))
     submit = driver_submit_args(Path(archive)) if archive != "0" else None
     if submit and "PYSPARK_SUBMIT_ARGS" not in env:
         env["PYSPARK_SUBMIT_ARGS"] = submit

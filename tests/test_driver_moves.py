@@ -287,9 +287,8 @@ def test_batch_rerun_on_another_machine(tmp_path: Path) -> None:
     target's batch journal.)"""
     job = Job(tmp_path, "batch", "default")
     expected = make_input(job.input, files=3, rows=40)
-    for n, fault in enumerate(["mid_commit"]):
-        job.on_machine(f"m{n}")
-        job.assert_fired(fault, job.run(fault=fault))
+    job.on_machine("m0")
+    job.assert_fired("mid_commit", job.run(fault="mid_commit"))
     job.on_machine("last")
     assert job.run() == 0, job.last_log()
     assert "taking it from the journal" in "\n".join(job.logs)

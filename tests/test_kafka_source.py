@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer
-from jvm import FAST_JVM_FLAGS, SPARK_KAFKA, spark_kafka_jars
+from jvm import SPARK_KAFKA, fast_driver_env, spark_kafka_jars
 
 DRIVER = r"""
 import json, sys
@@ -167,7 +167,7 @@ def test_spark_reads_only_committed_records(
 
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env.pop("PYSPARK_SUBMIT_ARGS", None)  # the CDS archive is for pyspark's classpath alone
-    env.setdefault("JDK_JAVA_OPTIONS", " ".join(FAST_JVM_FLAGS))  # a short-lived driver
+    env = fast_driver_env(env, archive="0")  # a short-lived driver: C1 JIT, no archive
     result = tmp_path / "result.json"
     proc = subprocess.run(
         [

@@ -192,7 +192,7 @@ class Driver:
         if fault:
             env["EOSINK_FAULT"] = fault
         if self.moves:
-            machine = self.tmp / "machines" / f"m{self.runs}"
+            machine = self.machine
             for d in ("home", "tmp"):
                 (machine / d).mkdir(parents=True, exist_ok=True)
             env.update(
@@ -211,11 +211,15 @@ class Driver:
         return code
 
     @property
+    def machine(self) -> Path:
+        """With ``moves``, the machine of the last run (or of the run starting)."""
+        return self.tmp / "machines" / f"m{self.runs}"
+
+    @property
     def metastore(self) -> str:
         """The meta store of the last run (with ``moves``, its machine's default one)."""
         if self.moves:
-            home = self.tmp / "machines" / f"m{self.runs}" / "home"
-            return f"sqlite:///{home / '.eosink' / 'metastore.db'}"
+            return f"sqlite:///{self.machine / 'home' / '.eosink' / 'metastore.db'}"
         return self.url
 
     metastore_url = metastore
@@ -403,8 +407,7 @@ def test_sql_sink_on_sqlite_moves(zygote: Zygote, tmp_path: Path) -> None:
     from test_sql_crash import _read
 
     url = f"sqlite:///{tmp_path / 'target.sqlite'}"
-    d = _sql(zygote, tmp_path / "stream", url, batches=3 + len(SINK_MOVES_CHAIN))
-    d.moves, d.url = True, "default"
+    d = _sql(zygote, tmp_path / "stream", url, batches=3 + len(SINK_MOVES_CHAIN), moves=True)
     for fault in SINK_MOVES_CHAIN:
         d.kill_at(fault, sink="sql-sqlite")
     d.finish()
@@ -618,10 +621,17 @@ def pg_target() -> Iterator[str]:
 
 
 def _sql(
-    zygote: Zygote, tmp: Path, url: str, batches: int, cdc: bool = False, batch: bool = False
+    zygote: Zygote,
+    tmp: Path,
+    url: str,
+    batches: int,
+    cdc: bool = False,
+    batch: bool = False,
+    moves: bool = False,
 ) -> Driver:
     """A driver of the sql sink's stream (``batch``: batch run) into ``url`` (as
-    test_sql_crash's ``sql_job``); ``cdc``: its change stream over ``batches`` change files."""
+    test_sql_crash's ``sql_job``); ``cdc``: its change stream over ``batches`` change files;
+    ``moves``: each run on a new machine (:class:`Driver`)."""
     from harness import make_cdc_input
     from test_sql_crash import SCHEMA, TABLE
 
@@ -638,7 +648,7 @@ def _sql(
         make_cdc_input(tmp / "input", files=batches, rows=ROWS)
         opts |= {"input": str(tmp / "input"), "mode": "upsert", "keys": ["grp"]}
         opts |= {"order_by": "id", "op_column": "op"}
-    return Driver(zygote, tmp, batches=batches, options=opts)
+    return Driver(zygote, tmp, batches=batches, options=opts, moves=moves)
 
 
 def _sql_check(d: Driver, url: str, cdc: bool = False) -> None:
