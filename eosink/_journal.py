@@ -18,13 +18,14 @@ next one). A driver whose generation is no longer the newest is a zombie: it get
 commit, abort, roll and epoch decision), whatever meta store it uses.
 
 **Recovery.** An entry is deleted once a later epoch is committed (the newest committed
-epoch's entry stays). So the journal holds the newest committed epoch and every epoch not
-known committed: epochs of the lineage below its oldest entry are committed. A driver whose
-meta store has no row of an entry's epoch (a new machine, a lost store) imports the entry as
-PENDING when Spark checkpointed the epoch (any entry in ``inline`` mode, where PENDING means
-complete), and the recovery rule commits it (idempotently) as if the row had never been
-lost. Which store is right when both know an epoch: the meta store (it has every transition;
-the journal only ever adds what the store lost).
+epoch's entry stays), or when a newer generation records the same epoch. So the journal
+holds the newest committed epoch and every epoch not known committed: epochs of the lineage
+below its oldest entry are committed. A driver whose meta store has no row of an entry's
+epoch (a new machine, a lost store) imports the entry as PENDING when Spark checkpointed the
+epoch (any entry in ``inline`` mode, where PENDING means complete), and the recovery rule
+commits it (idempotently) as if the row had never been lost. Which store is right when both
+know an epoch: the meta store (it has every transition; the journal only ever adds what the
+store lost).
 """
 
 from __future__ import annotations
@@ -162,7 +163,17 @@ class Journal:
 
     # -- entries ---------------------------------------------------------------------------
     def record(self, entry: Entry) -> None:
-        """Write ``entry`` durably (before the epoch's PENDING row)."""
+        """Write ``entry`` durably (before the epoch's PENDING row), then delete the entries
+        of the same epoch that older drivers (generations) wrote.
+
+        Such an entry is superseded: its driver recorded the epoch and died before Spark
+        checkpointed it, so this driver ran the batch again and its staging was discarded.
+        :meth:`entries` reads an epoch's newest generation anyway; deleting the older ones
+        keeps a torn newest entry (possible mid-write on a non-local file system) from
+        falling back to a record whose data is gone. A crash between the two steps leaves a
+        superseded entry, deleted by the next record of the epoch or by
+        :meth:`forget_before`.
+        """
         body = json.dumps(
             {
                 "sink_id": self.sink_id,
@@ -180,6 +191,12 @@ class Journal:
         ).encode()
         name = f"{entry.epoch:012d}.{entry.generation}.json"
         self.ckpt.write_bytes(f"{self.dir}/pending/{name}", body)
+        for e, gen, old in self._names():
+            if e == entry.epoch and gen < entry.generation:
+                try:
+                    self.ckpt.delete(f"{self.dir}/pending/{old}")
+                except Exception:  # best effort: entries() reads the newest generation
+                    log.debug("cannot delete a superseded journal entry %s", old, exc_info=True)
 
     def _names(self) -> list[tuple[int, int, str]]:
         out = []

@@ -71,7 +71,7 @@ def moving_chain(job: Job, faults: list[str]) -> None:
     assert "PENDING in the checkpoint's journal" in logs
 
 
-def check_files(job: Job, expected: list[int], partitioned: bool, superseded: bool = False) -> None:
+def check_files(job: Job, expected: list[int], partitioned: bool) -> None:
     got = read_ids(job.out, partitioned)
     assert got == expected, (
         f"{len(got)} rows read back, {len(expected)} written; "
@@ -79,17 +79,15 @@ def check_files(job: Job, expected: list[int], partitioned: bool, superseded: bo
         f"duplicated {sorted({i for i in got if got.count(i) > 1})[:10]}"
     )
     assert staged_files(job.out) == []
-    check_states(job, superseded)
+    check_states(job)
 
 
-def check_states(job: Job, superseded: bool = False) -> None:
+def check_states(job: Job) -> None:
     """Every epoch the job ran is COMMITTED in some machine's meta store (the epochs a
     killed driver left PENDING, in the store of the machine that recovered them), the last
     machine's store has none PENDING or ABORTED, and the journal holds no entry but the
-    newest committed epoch's. ``superseded``: that epoch may also have entries of older
-    drivers (generations) that a later one superseded, when it wrote the epoch again (seen
-    with random kills: a known leftover until the next commit deletes them; the journal
-    reads the newest generation's entry of an epoch)."""
+    newest committed epoch's (of one generation: a driver that wrote an epoch again
+    deleted the dead driver's entry of it)."""
     import sqlite3
 
     committed: set[int] = set()
@@ -110,8 +108,6 @@ def check_states(job: Job, superseded: bool = False) -> None:
         return
     pending = sorted(job.checkpoint.glob("eosink/*/pending/*.json"))
     epochs = [int(p.name.split(".")[0]) for p in pending]
-    if superseded:
-        epochs = sorted(set(epochs))
     assert epochs == [max(states["COMMITTED"])], pending
     # The newest generation names this sink and the checkpoint's lineage.
     newest = max(job.checkpoint.glob("eosink/*/generations/*.json"), key=lambda p: int(p.stem))

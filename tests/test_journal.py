@@ -1,8 +1,8 @@
 """The journal in the checkpoint (eosink/_journal.py), on a local disk and through Spark's
 Hadoop FileSystem (the layer HDFS, S3A, ABFS and GCS checkpoints go through; here Hadoop's
 local file system behind ``file://`` URIs): generations claimed atomically fence older
-drivers, entries round-trip, the newest generation's entry of an epoch wins, torn files are
-ignored, committed epochs' entries are forgotten."""
+drivers, entries round-trip, the newest generation's entry of an epoch wins (and deletes the
+older ones), torn files are ignored, committed epochs' entries are forgotten."""
 
 from __future__ import annotations
 
@@ -38,6 +38,13 @@ def _exercise(ckpt: CheckpointDir, other: CheckpointDir) -> None:
     assert sorted(got) == [0, 1]
     assert got[1].committable == b"new" and got[1].generation == 2  # newest generation wins
     assert got[0] == _entry(0, 1)
+    # The superseded entry of epoch 1 is gone (generation 1 died before Spark checkpointed
+    # epoch 1, its staging was discarded); a zombie's late record never deletes a newer one.
+    pending = f"{b.dir}/pending"
+    assert sorted(ckpt.list_names(pending)) == [f"{0:012d}.1.json", f"{1:012d}.2.json"]
+    a.record(_entry(1, 1, b"zombie"))
+    assert b.entries()[1].committable == b"new"
+    assert f"{1:012d}.2.json" in ckpt.list_names(pending)
     assert b.state() == {**(b.state() or {}), "lineage": "lineage-a", "generation": 2}
     # Another sink's journal in the same checkpoint is its own.
     assert Journal(ckpt, "file:/elsewhere").entries() == {}
