@@ -3,22 +3,27 @@
 ``eosink.run`` runs it in one process (:func:`run_batch`). ``format("eosink")``'s data
 source runs it in two: Spark asks its ``writer`` for the epoch (:func:`open_batch`, on one
 Python worker of the driver), the tasks write, and its ``commit`` (another worker) ends it
-(:func:`commit_batch`, or :func:`end_batch` for an epoch committed before).
+(:func:`commit_batch`, or :func:`end_batch` for an epoch committed before). The CLI's
+``eosink recover`` finishes a stopped sink with :func:`finish_stopped`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import logging
+import socket
 from collections.abc import Callable
+from typing import Any
 
 from ._handles import BatchResult
 from ._protocol import Epoch, SinkRuntime
 from ._write import Written
+from .errors import ConfigError, SinkError
 
 log = logging.getLogger("eosink")
 
-__all__ = ["commit_batch", "end_batch", "open_batch", "run_batch"]
+__all__ = ["Finished", "commit_batch", "end_batch", "finish_stopped", "open_batch", "run_batch"]
 
 
 def run_batch(
@@ -70,3 +75,76 @@ def end_batch(runtime: SinkRuntime, result: BatchResult) -> BatchResult:
     rolled = runtime.roll(everything=True)
     runtime.run_returned(result.epoch)
     return dataclasses.replace(result, files=result.files + rolled) if rolled else result
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """What :func:`finish_stopped` did.
+
+    Attributes:
+        failure: the error of an epoch that still cannot be committed (then nothing was
+            dropped or rolled), or of an open file that cannot be published; or None.
+        dropped: the open files dropped (the file sink's records: ``final``, ``start``,
+            ``end``, ``rows``, ``bytes``, ``why``), each recorded as a known loss.
+        rolled: the open files published.
+    """
+
+    failure: SinkError | None
+    dropped: list[dict[str, Any]]
+    rolled: int
+
+
+def finish_stopped(runtime: SinkRuntime, *, drop_lost_open_files: str | None = None) -> Finished:
+    """``eosink recover``'s lifecycle on an open runtime of a stopped sink (the caller checked
+    that it is stopped, and closes the runtime): the recovery rules with every PENDING epoch
+    taken as complete data (as a batch run takes them: a stopped stream's PENDING epochs are
+    checkpointed or a crashed run's), then, given a reason, the open files whose committed
+    rows were destroyed outside eosink dropped and recorded as known losses, then every open
+    file rolled (published).
+
+    Raises:
+        ConfigError: ``drop_lost_open_files`` for a sink without open files.
+    """
+    try:
+        runtime.recover(first_epoch=0)  # lineage "batch": every PENDING epoch is complete
+    except SinkError as exc:  # an epoch that still cannot be committed: the caller reports it
+        return Finished(exc, [], 0)
+    dropped = _drop_lost_open_files(runtime, drop_lost_open_files) if drop_lost_open_files else []
+    try:
+        return Finished(None, dropped, runtime.roll(everything=True))
+    except SinkError as exc:  # an open file that cannot be published (lost behind its back)
+        return Finished(exc, dropped, 0)
+
+
+def _drop_lost_open_files(rt: SinkRuntime, reason: str) -> list[dict[str, Any]]:
+    """Drop the sink's open files whose committed rows can no longer be published, and
+    record their rows as known losses (one per last epoch of a file's epochs; the plugin logs
+    each file it drops)."""
+    from ._metastore import DROPPED_OPEN_FILE, PENDING
+
+    drop = getattr(rt.coordinator, "drop_lost_open_files", None)
+    if drop is None:
+        raise ConfigError(
+            f"--drop-lost-open-files: sink {rt.sink_id} ({rt.plugin.name}) has no open files"
+        )
+    if rt.store.epochs(rt.sink_id, (PENDING,)):
+        raise ConfigError(
+            f"--drop-lost-open-files: sink {rt.sink_id} still has PENDING epochs that could "
+            "not be committed (see `eosink status`); if one of them fails on a lost open "
+            "file, abandon it first (`eosink abandon`), then run this again"
+        )
+    dropped: list[dict[str, Any]] = drop()
+    by = f"{getpass.getuser()}@{socket.gethostname()} (eosink recover --drop-lost-open-files)"
+    for d in dropped:
+        rt.store.record_loss(
+            rt.sink_id,
+            d["end"],
+            rows=d["rows"],
+            files=1,
+            nbytes=d["bytes"],
+            origin=DROPPED_OPEN_FILE,
+            reason=f"{reason}: open file {d['final']} of epochs {d['start']}..{d['end']} "
+            f"dropped, {d['why']}",
+            by=by,
+        )
+    return dropped

@@ -116,3 +116,56 @@ def test_recover_finishes_a_kafka_sink_whose_job_stays_stopped(
     assert job.run() == 0, job.last_log()
     assert "skipped=True" in job.last_log()
     check_topic(job, expected, aborted=True)
+
+
+def test_recover_drops_an_open_file_lost_behind_eosinks_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rolling file sink (local JSON) whose committed epoch's rows wait in an open file
+    (a batch job killed after its commit, before its end published the file), and the
+    file's in-progress file deleted behind eosink's back: ``eosink recover`` fails naming
+    the file and the way out; with ``--drop-lost-open-files``, a reason and consent, it
+    drops the file and records its rows as a known loss; the sink then goes on, and nothing
+    is left to drop. (No Spark: eosink's own task code writes the epoch.)"""
+    import pyarrow as pa
+
+    from eosink._metastore import MetaStore
+    from eosink._setup import open_runtime, prepare_sink
+    from eosink.testing import drive_writers
+
+    out, url = tmp_path / "out", f"sqlite:///{tmp_path / 'm.db'}"
+    opts = {"path": str(out), "writer": "python", "format": "json", "max_row_count": 1000}
+    setup = prepare_sink("file", opts, streaming=False, metastore_url=url)
+    rt = open_runtime(setup)
+    try:
+        ep = rt.batch_epoch(1)
+        schema = pa.schema([("id", pa.int64())])
+        batch = pa.record_batch([pa.array([1, 2, 3])], schema=schema)
+        results = drive_writers(rt.plugin, rt.options, rt.sink_id, 1, [[batch]], ep.setup(schema))
+        ep.prepare(results, 3, 0.0)
+        ep.commit()  # COMMITTED, its rows in an open file: the run dies before its end
+    finally:
+        rt.close()
+        rt.store.close()
+    [inprogress] = (out / "_eosink_staging").rglob("slots/*.jsonl")
+    inprogress.unlink()
+    args = ["recover", "--sink", "file", "--metastore-url", url, "--options-json", json.dumps(opts)]
+    capsys.readouterr()
+    assert cli(args) == 1  # named, with the way out (it was a bare FileNotFoundError)
+    err = capsys.readouterr().err
+    assert "the open file part-" in err and "cannot be published" in err, err
+    assert "eosink recover --drop-lost-open-files" in err, err
+    drop = [*args, "--drop-lost-open-files", "--reason", "cleanup job", "--accept-data-loss"]
+    assert cli(drop) == 0
+    text = capsys.readouterr().out
+    assert "dropped the open file" in text and "recorded as a known loss" in text, text
+    store = MetaStore(url)
+    try:
+        [loss] = store.losses(setup.sink_id)
+    finally:
+        store.close()
+    assert loss.origin == "dropped-open-file" and loss.rows == 3 and "cleanup job" in loss.reason
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("_")) == []
+    assert cli(drop) == 0
+    assert "no open file has lost data: nothing dropped" in capsys.readouterr().out
+    assert cli(args) == 0

@@ -4,9 +4,7 @@ delete staged data without a committable; ``--drop-lost-open-files``)."""
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
-import socket
 import sys
 from typing import Any
 
@@ -63,25 +61,25 @@ def cmd_recover(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from ..errors import SinkError
+    from .._batch import finish_stopped
 
     rt = open_runtime(setup)  # fences every other coordinator; the sink's init runs
-    dropped: list[dict[str, Any]] = []
-    rolled = 0
-    failure: SinkError | None = None
     try:
-        try:
-            rt.recover(first_epoch=0)  # lineage "batch": every PENDING epoch is complete data
-        except SinkError as exc:  # an epoch that still cannot be committed: reported below
-            failure = exc
-        if failure is None:
-            if args.drop_lost_open_files:
-                dropped = drop_lost_open_files(rt, args.reason)
-            rolled = rt.roll(everything=True)
+        done = finish_stopped(
+            rt, drop_lost_open_files=args.reason if args.drop_lost_open_files else None
+        )
         after = {r.epoch: r.status for r in rt.store.epochs(setup.sink_id)}
     finally:
         rt.close()
         rt.store.close()
+    failure, dropped, rolled = done.failure, done.dropped, done.rolled
+    for d in dropped:
+        print(
+            f"dropped the open file {d['final']} (epochs {d['start']}..{d['end']}, "
+            f"{d['rows']} rows): {d['why']}; recorded as a known loss"
+        )
+    if args.drop_lost_open_files and failure is None and not dropped:
+        print("no open file has lost data: nothing dropped")
     if failure is not None:
         print(f"eosink recover: {one_line(str(failure))}", file=sys.stderr)
     committed = sorted(e for e, st in before.items() if st == PENDING and after.get(e) == COMMITTED)
@@ -95,45 +93,6 @@ def cmd_recover(args: argparse.Namespace) -> int:
         + (f"; still not finished: {left} (see `eosink status`)" if left else "")
     )
     return 1 if left or failure is not None else 0
-
-
-def drop_lost_open_files(rt: Any, reason: str) -> list[dict[str, Any]]:
-    """Drop the sink's open files whose committed rows can no longer be published, and
-    record their rows as known losses (one per last epoch of a file's epochs)."""
-    from .._metastore import DROPPED_OPEN_FILE, PENDING
-
-    drop = getattr(rt.coordinator, "drop_lost_open_files", None)
-    if drop is None:
-        raise ConfigError(
-            f"--drop-lost-open-files: sink {rt.sink_id} ({rt.plugin.name}) has no open files"
-        )
-    if rt.store.epochs(rt.sink_id, (PENDING,)):
-        raise ConfigError(
-            f"--drop-lost-open-files: sink {rt.sink_id} still has PENDING epochs that could "
-            "not be committed (see `eosink status`); if one of them fails on a lost open "
-            "file, abandon it first (`eosink abandon`), then run this again"
-        )
-    dropped: list[dict[str, Any]] = drop()
-    by = f"{getpass.getuser()}@{socket.gethostname()} (eosink recover --drop-lost-open-files)"
-    for d in dropped:
-        rt.store.record_loss(
-            rt.sink_id,
-            d["end"],
-            rows=d["rows"],
-            files=1,
-            nbytes=d["bytes"],
-            origin=DROPPED_OPEN_FILE,
-            reason=f"{reason}: open file {d['final']} of epochs {d['start']}..{d['end']} "
-            f"dropped, {d['why']}",
-            by=by,
-        )
-        print(
-            f"dropped the open file {d['final']} (epochs {d['start']}..{d['end']}, "
-            f"{d['rows']} rows): {d['why']}; recorded as a known loss"
-        )
-    if not dropped:
-        print("no open file has lost data: nothing dropped")
-    return dropped
 
 
 def register(sub: Any) -> None:

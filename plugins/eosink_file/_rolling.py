@@ -815,7 +815,20 @@ class Roller:
                     "end of run" if everything else "by time",
                 )
                 slots.append(slot)
-            sealed = self._seal_all(slots, f"{self.staging}/{FLUSH_DIR}/{state['seq']}")
+            try:
+                sealed = self._seal_all(slots, f"{self.staging}/{FLUSH_DIR}/{state['seq']}")
+            except FileNotFoundError as exc:  # a staged piece deleted outside eosink
+                for slot in slots:
+                    why = self._lost(slot)
+                    if why is not None:
+                        raise SinkError(
+                            f"the open file {slot['final']} (epochs {slot['start']}.."
+                            f"{slot['end']}, {slot['rows']} rows) cannot be published: {why} "
+                            "(deleted outside eosink), and the rows of those epochs are gone: "
+                            "stop the job and run `eosink recover --drop-lost-open-files` "
+                            "(docs/cli.md) to record the loss and let the sink go on"
+                        ) from exc
+                raise
             consumed, self._consumed = self._consumed, []
             for r in sealed:
                 self.publish(r)
