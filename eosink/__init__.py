@@ -36,6 +36,7 @@ from .registry import SinkInfo, get_sink, list_sinks
 from .sink import (
     Capabilities,
     Codec,
+    CommitOutcome,
     CoordinatedSinkWriter,
     JournalHome,
     JsonCodec,
@@ -89,6 +90,7 @@ __all__ = [
     "Capabilities",
     "Codec",
     "CommitFailedError",
+    "CommitOutcome",
     "CommitStateUnknownError",
     "ConfigError",
     "CoordinatedSinkWriter",

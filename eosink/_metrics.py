@@ -183,9 +183,11 @@ def epoch_ended(
         SIZE.record(figures.bytes, attrs)
 
 
-def commit_retried(sink_id: str, kind: str, exc: BaseException) -> None:
-    """The sink's commit failed with ``exc``, which the transient-error rule let retry."""
-    RETRIES.add(1, _attrs(sink_id, kind, **{ERROR_TYPE: type(exc).__name__}))
+def commit_retried(sink_id: str, kind: str, exc: BaseException | None) -> None:
+    """The sink's commit failed with ``exc``, which the transient-error rule let retry (None:
+    the plugin's ``commit`` returned ``CommitOutcome.retry_later``)."""
+    error_type = "retry_later" if exc is None else type(exc).__name__
+    RETRIES.add(1, _attrs(sink_id, kind, **{ERROR_TYPE: error_type}))
 
 
 def backpressure(sink_id: str, kind: str, seconds: float) -> None:

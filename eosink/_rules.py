@@ -34,6 +34,7 @@ __all__ = [
     "Step",
     "abort_uncheckpointed",
     "aborts_to_finish",
+    "after_commit_attempt",
     "base_of_fresh_checkpoint",
     "commit_checkpointed",
     "commit_other_runs",
@@ -412,3 +413,25 @@ def decide_auto_epoch(
     if crashed or elsewhere:
         return UnfinishedRun(tuple(sorted(crashed)), tuple(sorted(elsewhere)))
     return (WRITE, max_epoch + 1)
+
+
+CommitKind = Literal["done", "already_committed", "retry_later", "failed"]
+
+
+def after_commit_attempt(
+    kind: CommitKind, first_failure_at: float | None, now: float, retry_max_s: float
+) -> Literal["committed", "retry", "fail"]:
+    """What phase 2 does after one call of the plugin's ``commit`` returned ``kind`` (an
+    error raised is ``retry_later`` when transient, else ``failed``): ``committed`` (mark
+    the epoch COMMITTED: this call made it visible, or the target had it), ``retry`` (call
+    ``commit`` again after a backoff) or ``fail`` (the epoch stays PENDING; the run stops
+    with the reason). A ``retry_later`` is retried while the retry window lasts:
+    ``retry_max_s`` from the epoch's first failed attempt (``first_failure_at``, this one's
+    when None), so an attempt that itself blocked long (a call waiting through a broker
+    outage) is still retried."""
+    if kind in ("done", "already_committed"):
+        return "committed"
+    if kind == "failed":
+        return "fail"
+    start = now if first_failure_at is None else first_failure_at
+    return "retry" if now - start <= retry_max_s else "fail"

@@ -14,7 +14,7 @@ ABORTED) and calls the plugin's phase methods in this order::
                coordinator.write_with_spark(df, e, attempt, setup) -> [result...]
     driver:    coordinator.pre_commit(e, [result...]) -> Prepared(committable, files, bytes)
                (core persists PENDING, Spark checkpoints the epoch)
-               coordinator.commit(e, committable)          (core marks COMMITTED)
+               coordinator.commit(e, committable) -> CommitOutcome | None  (core marks COMMITTED)
     recovery:  coordinator.commit(e, committable) again, or coordinator.abort(e, committable|None)
 
 A plugin never touches the meta store.
@@ -27,7 +27,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import pyarrow as pa
 from pydantic import BaseModel
@@ -47,6 +47,7 @@ from .errors import ConfigError, MissingExtraError
 __all__ = [
     "Capabilities",
     "Codec",
+    "CommitOutcome",
     "CoordinatedSinkWriter",
     "JournalHome",
     "JsonCodec",
@@ -135,6 +136,50 @@ class CoordinatedSinkWriter(ABC, Generic[R]):
         """Called when the task fails; delete what this writer staged. Must not raise."""
 
 
+@dataclass(frozen=True)
+class CommitOutcome:
+    """What one call of :meth:`SinkCommitCoordinator.commit` did, said explicitly (as Flink's
+    ``CommitRequest`` lets a committer say it). A ``commit`` that returns None did
+    :meth:`done`; an error it raises is an outcome too: :meth:`retry_later` when eosink's
+    transient-error rule calls it transient (a :class:`~eosink.errors.CommitFailedError`, a
+    lost connection, a catalog's 503), else :meth:`failed`.
+
+    Attributes:
+        kind: ``done`` (visible now), ``already_committed`` (the target had the epoch: a
+            commit replayed after a crash; nothing changed), ``retry_later`` (nothing
+            became visible, or the outcome is unknown; the core calls ``commit`` again
+            within its retry window) or ``failed`` (for good: the epoch stays PENDING, the
+            run stops with the reason, ``eosink status`` shows it).
+        reason: why, for the logs and ``eosink status`` (``retry_later``, ``failed``; an
+            ``already_committed`` may say how the sink knew).
+        error: the exception behind it (an error ``commit`` raised), or None.
+    """
+
+    kind: Literal["done", "already_committed", "retry_later", "failed"]
+    reason: str = ""
+    error: BaseException | None = field(default=None, compare=False)
+
+    @classmethod
+    def done(cls) -> CommitOutcome:
+        """The epoch is visible now, made so by this call."""
+        return cls("done")
+
+    @classmethod
+    def already_committed(cls, reason: str = "") -> CommitOutcome:
+        """The target already had the epoch (a commit replayed); nothing was changed."""
+        return cls("already_committed", reason)
+
+    @classmethod
+    def retry_later(cls, reason: str) -> CommitOutcome:
+        """Nothing became visible (or it is unknown whether it did): call ``commit`` again."""
+        return cls("retry_later", reason)
+
+    @classmethod
+    def failed(cls, reason: str) -> CommitOutcome:
+        """The commit can never succeed as it is (a known reason, said to the operator)."""
+        return cls("failed", reason)
+
+
 class SinkCommitCoordinator(ABC, Generic[R, C]):
     """Turns the write results of an epoch into one visible commit. Runs on the driver.
 
@@ -181,8 +226,14 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
         """
 
     @abstractmethod
-    def commit(self, epoch: int, committable: C) -> None:
+    def commit(self, epoch: int, committable: C) -> CommitOutcome | None:
         """Make the epoch visible. Idempotent (see the class contract).
+
+        Returns:
+            None or :meth:`CommitOutcome.done` when this call made it visible;
+            :meth:`CommitOutcome.already_committed` when the target had it (said in the
+            logs: a replayed commit); :meth:`CommitOutcome.retry_later` or
+            :meth:`CommitOutcome.failed` to say so without an exception.
 
         Raises:
             CommitFailedError: nothing became visible; the core retries.

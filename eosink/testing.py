@@ -58,6 +58,7 @@ from .faults import SimulatedCrash, simulate
 from .registry import get_sink
 from .sink import (
     Capabilities,
+    CommitOutcome,
     CoordinatedSinkWriter,
     Prepared,
     SinkCommitCoordinator,
@@ -242,14 +243,18 @@ class SinkConformance:
 
     def test_commit_is_idempotent(self, setup: Any) -> None:
         """A second commit, also from a new coordinator, changes nothing: the driver can die
-        between the commit and the COMMITTED mark, and recovery commits again."""
+        between the commit and the COMMITTED mark, and recovery commits again. Each call
+        says it succeeded (None, or a ``CommitOutcome`` of ``done`` or
+        ``already_committed``), never ``retry_later`` or ``failed``."""
         plugin, options = setup
         coord, committable = self._epoch(plugin, options, 0, 0)
-        coord.commit(0, committable)
-        coord.commit(0, committable)
+        outcomes = [coord.commit(0, committable), coord.commit(0, committable)]
         # A new process (new coordinator) retrying after a lost answer.
-        self._coordinator(plugin, options).commit(0, committable)
+        outcomes.append(self._coordinator(plugin, options).commit(0, committable))
         assert self._ids(options) == list(range(10))
+        for got in outcomes:
+            kind = got.kind if isinstance(got, CommitOutcome) else "done"
+            assert kind in ("done", "already_committed"), f"commit returned {got!r}"
 
     def test_epochs_accumulate(self, setup: Any) -> None:
         """Successive epochs add their rows: each epoch is a separate, additive commit."""

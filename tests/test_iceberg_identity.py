@@ -357,11 +357,12 @@ def test_orphan_of_the_epoch_is_deleted_by_its_commit(tmp_path: Path) -> None:
     coord = _coordinator(tmp_path)
     c0 = _write_epoch(coord, 0, list(range(10)))
     planted = _plant(tmp_path, 0)
-    coord.commit(0, c0)
+    assert coord.commit(0, c0) is None  # made visible by this call
     assert not planted.exists()
     planted = _plant(tmp_path, 0)
     other_epoch = _plant(tmp_path, 1)
-    coord.commit(0, c0)  # again: already committed, still sweeps the epoch's orphans
+    again = coord.commit(0, c0)  # already committed, still sweeps the epoch's orphans
+    assert again is not None and again.kind == "already_committed", again
     assert not planted.exists() and other_epoch.exists()
     _assert_referenced_intact(tmp_path)
     assert len(_table(tmp_path).scan().to_arrow()) == 10

@@ -444,3 +444,27 @@ def test_a_run_without_epoch_refuses_after_a_crashed_one_or_takes_the_next_free(
             else:
                 assert d == ("write", high + 1), ctx
     assert n == 13**3 * 9
+
+
+def test_after_commit_attempt_over_every_outcome() -> None:
+    """Phase 2 after one attempt, over every outcome, every time since the first failure
+    (none yet, inside the retry window, at its end, past it) and window (none, 30 s): an
+    epoch the target has (made visible now, or already) is marked COMMITTED, a known
+    failure is never retried, and a retry is asked for exactly while the window lasts,
+    the first failure always inside it."""
+    from eosink._rules import after_commit_attempt
+
+    now = 1000.0
+    for kind in ("done", "already_committed", "retry_later", "failed"):
+        for window in (0.0, 30.0):
+            for since in (None, 0.0, window / 2, window, window + 0.001, 3 * window + 1):
+                first = None if since is None else now - since
+                step = after_commit_attempt(kind, first, now, window)  # type: ignore[arg-type]
+                ctx = (kind, window, since, step)
+                if kind in ("done", "already_committed"):
+                    assert step == "committed", ctx
+                elif kind == "failed":
+                    assert step == "fail", ctx
+                else:
+                    inside = since is None or since <= window
+                    assert step == ("retry" if inside else "fail"), ctx

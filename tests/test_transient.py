@@ -267,14 +267,26 @@ def test_deadlock_is_transient(pg_url: str) -> None:
 
 @pytest.mark.parametrize(
     ("raised", "committed"),
-    [(ConnectionResetError("the catalog hung up"), True), (PermissionError("denied"), False)],
+    [
+        (ConnectionResetError("the catalog hung up"), True),
+        (PermissionError("denied"), False),
+        (eosink.CommitOutcome.retry_later("the catalog is busy"), True),
+        (eosink.CommitOutcome.failed("the target refuses the epoch: denied"), False),
+    ],
+    ids=["raised-transient", "raised-permanent", "returned-retry-later", "returned-failed"],
 )
 def test_commit_retries_what_the_rule_calls_transient(
-    spark, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, raised: Exception, committed: bool
+    spark,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    raised: Exception | eosink.CommitOutcome,
+    committed: bool,
 ) -> None:
     """The core's commit retry asks the rule for any error, not only eosink's own: a raw
     connection reset from a client library is retried (commit is idempotent), a refused
-    permission fails the run at once with the error and leaves the epoch PENDING."""
+    permission fails the run at once with the error and leaves the epoch PENDING. A
+    ``commit`` that returns the outcome instead of raising (``CommitOutcome.retry_later``,
+    ``.failed``) is treated the same way (``_rules.after_commit_attempt``)."""
     from eosink_file.plugin import FileCoordinator
 
     real = FileCoordinator.commit
@@ -283,6 +295,8 @@ def test_commit_retries_what_the_rule_calls_transient(
     def flaky(self: Any, epoch: int, committable: Any) -> Any:
         calls.append(epoch)
         if len(calls) == 1:
+            if isinstance(raised, eosink.CommitOutcome):
+                return raised
             raise raised
         return real(self, epoch, committable)
 
@@ -295,8 +309,13 @@ def test_commit_retries_what_the_rule_calls_transient(
         r = eosink.run(df, sink="file", path=str(out), epoch=1, metastore_url=url)
         assert r.committed and r.rows == 5 and calls == [1, 1]
     else:
-        with pytest.raises(PermissionError, match="denied"):
+        expected = PermissionError if isinstance(raised, Exception) else eosink.SinkError
+        with pytest.raises(expected, match="denied"):
             eosink.run(df, sink="file", path=str(out), epoch=1, metastore_url=url)
+        with sqlite3.connect(tmp_path / "m.db") as c:
+            assert c.execute("select status, epoch from pending_sink_state").fetchall() == [
+                ("PENDING", 1)
+            ]
         assert calls == [1] and time.monotonic() - t0 < 20
         monkeypatch.undo()  # the permission fixed: the PENDING epoch is finished
         r = eosink.run(df, sink="file", path=str(out), epoch=1, metastore_url=url)

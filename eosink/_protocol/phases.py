@@ -18,13 +18,16 @@ from .._metastore import (
     COMMITTED,
     PENDING,
 )
+from .._rules import after_commit_attempt
 from .._transient import classify_error
 from ..errors import (
+    CommitFailedError,
     FencedError,
     SinkError,
 )
 from ..faults import fault_point
 from ..sink import (
+    CommitOutcome,
     Prepared,
 )
 from .figures import FIGURES_KEPT, EpochFigures
@@ -220,6 +223,36 @@ class _Phases(_State):
         while len(self.figures) > FIGURES_KEPT:
             del self.figures[next(iter(self.figures))]
 
+    def _attempt_commit(self, epoch: int, committable: Any) -> CommitOutcome:
+        """One call of the plugin's ``commit``, its outcome explicit: what it returned (None,
+        or a value that is no :class:`CommitOutcome`, as plugins written before outcomes
+        return: ``done``), or what it raised (``retry_later`` when the one transient-error
+        rule calls it transient: ``commit`` is idempotent by contract, so whoever raised
+        it, it is retried; else ``failed``). A :class:`FencedError` propagates."""
+        try:
+            got = self.coordinator.commit(epoch, committable)
+        except FencedError:
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if classify_error(exc).transient:
+                return CommitOutcome("retry_later", reason, exc)
+            return CommitOutcome("failed", reason, exc)
+        return got if isinstance(got, CommitOutcome) else CommitOutcome.done()
+
+    def _commit_error(self, epoch: int, outcome: CommitOutcome) -> BaseException:
+        """The error a commit that failed for good raises: the plugin's own, or one that
+        says the outcome it returned."""
+        if outcome.error is not None:
+            return outcome.error
+        what = f"sink {self.sink_id} epoch {epoch}"
+        if outcome.kind == "retry_later":
+            return CommitFailedError(
+                f"{what}: commit still not possible after {self.commit_retry_max_s:g}s of "
+                f"retries: {outcome.reason}"
+            )
+        return SinkError(f"{what}: commit failed for good: {outcome.reason}")
+
     def commit_epoch(self, epoch: int, committable: Any, fig: EpochFigures | None = None) -> None:
         """Phase 2: commit (retried with backoff while transient) and mark COMMITTED."""
         fig = fig or self.figures.get(epoch) or EpochFigures(epoch)
@@ -227,43 +260,43 @@ class _Phases(_State):
         self.assert_live()
         t0 = time.perf_counter()
         delay = 0.05
-        # The retry window starts at the first failure: an attempt that itself waited long
-        # (a Kafka call blocking through a broker outage) still gets retried.
-        deadline: float | None = None
+        first_failure: float | None = None
         while True:
-            try:
-                self.coordinator.commit(epoch, committable)
+            outcome = self._attempt_commit(epoch, committable)
+            now = time.monotonic()
+            step = after_commit_attempt(outcome.kind, first_failure, now, self.commit_retry_max_s)
+            if step == "committed":
                 break
-            except FencedError:
-                raise
-            except Exception as exc:
-                # commit is idempotent (the plugin contract): any error the one rule calls
-                # transient (a plugin's CommitFailedError, a catalog's 503, a lost
-                # connection) is retried, whoever raised it.
-                if deadline is None:
-                    deadline = time.monotonic() + self.commit_retry_max_s
-                verdict = classify_error(exc)
-                final = not verdict.transient or time.monotonic() > deadline
-                self.store.record_error(
-                    self.sink_id,
-                    f"epoch {epoch}: commit failed{' for good' if final else ' (retried)'}: "
-                    f"{type(exc).__name__}: {exc}",
-                )
-                if final:
-                    raise
-                _metrics.commit_retried(self.sink_id, self.plugin.name, exc)
-                log.warning(
-                    "sink %s epoch %d: commit failed (%s); retrying in %.2fs",
-                    self.sink_id,
-                    epoch,
-                    exc,
-                    delay,
-                )
+            first_failure = now if first_failure is None else first_failure
+            final = step == "fail"
+            self.store.record_error(
+                self.sink_id,
+                f"epoch {epoch}: commit failed{' for good' if final else ' (retried)'}: "
+                f"{outcome.reason}",
+            )
+            if final:
+                raise self._commit_error(epoch, outcome)
+            _metrics.commit_retried(self.sink_id, self.plugin.name, outcome.error)
+            log.warning(
+                "sink %s epoch %d: commit failed (%s); retrying in %.2fs",
+                self.sink_id,
+                epoch,
+                outcome.reason,
+                delay,
+            )
             time.sleep(delay * (1 + random.random() * 0.2))
             delay = min(delay * 2, 5.0)
             # A retry may start over with the target (e.g. fence a Kafka transactional id):
             # never after another coordinator took the sink over.
             self.assert_live()
+        if outcome.kind == "already_committed":
+            log.info(
+                "sink %s epoch %d: already in the target%s (a commit replayed after a crash); "
+                "marking it COMMITTED",
+                self.sink_id,
+                epoch,
+                f" ({outcome.reason})" if outcome.reason else "",
+            )
         fault_point("after_commit")
         fig.commit_ms = (time.perf_counter() - t0) * 1000
         self.store.mark_committed(self.sink_id, self.generation, epoch, commit_ms=fig.commit_ms)

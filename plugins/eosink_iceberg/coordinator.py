@@ -43,6 +43,7 @@ import pyarrow as pa
 import eosink
 from eosink import (
     CommitFailedError,
+    CommitOutcome,
     CommitStateUnknownError,
     ConfigError,
     SchemaMismatchError,
@@ -756,26 +757,25 @@ class IcebergCoordinator(
                 return True
         return False
 
-    def commit(self, epoch: int, committable: dict[str, Any]) -> None:
+    def commit(self, epoch: int, committable: dict[str, Any]) -> CommitOutcome | None:
         from pyiceberg.exceptions import CommitFailedException, CommitStateUnknownException
 
         table = self._table()
         if table is None:
             raise SinkError(f"Iceberg table {self.opts.table!r} disappeared")
         if self._committed(table, epoch):
-            log.info("iceberg: epoch %d of %s already committed", epoch, self.sink_id)
             if committable.get("mode") == "upsert":
                 self._sweep_changes(table, epoch, keep=None)
             else:
                 self._sweep_epoch(table, epoch, committable)
-            return
+            return CommitOutcome.already_committed("a snapshot of the table has it")
         evolve = committable.get("evolve")
         if committable.get("mode") == "upsert":
             self._commit_changes(table, epoch, committable)
-            return
+            return None
         if not committable["files"] and not evolve:
             self._sweep_epoch(table, epoch, committable)
-            return
+            return None
         data_files = [data_file_from_json(f) for f in committable["files"]]
         self._check_present(table, epoch, [df.file_path for df in data_files], "data")
         props = self._epoch_props(table, epoch)
@@ -799,6 +799,7 @@ class IcebergCoordinator(
         self._sweep_epoch(table, epoch, committable)
         if self.opts.expire_snapshots_keep:
             self._expire(self.opts.expire_snapshots_keep)
+        return None
 
     def _check_present(self, table: Any, epoch: int, paths: list[str], kind: str) -> None:
         """Refuse to commit an epoch whose files are gone: deleted while it was PENDING (an

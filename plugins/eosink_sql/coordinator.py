@@ -31,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from eosink import (
+    CommitOutcome,
     ConfigError,
     Prepared,
     SchemaMismatchError,
@@ -513,19 +514,22 @@ class SqlCoordinator(
         return " UNION ALL ".join(f"SELECT {c} FROM {self.db.staging(t)}" for t in tables)
 
     # -- phase 2 -----------------------------------------------------------------------
-    def commit(self, epoch: int, committable: dict[str, Any]) -> None:
+    def commit(self, epoch: int, committable: dict[str, Any]) -> CommitOutcome | None:
         """One transaction: the rows, the epoch's row in ``sql_epochs``, the staging tables
-        dropped. Idempotent by the epoch's row. Applied as the committable's ``spec`` says
-        (the options the epoch was staged with)."""
+        dropped. Idempotent by the epoch's row (``already_committed`` when it is there).
+        Applied as the committable's ``spec`` says (the options the epoch was staged
+        with)."""
         from sqlalchemy import exc as sa_exc
 
         db = self.db
         if epoch in self._held and self._finish_held(epoch, committable):
-            return
+            return None
         self._end_other_holds(epoch)
+        already = False
         try:
             with db.engine.begin() as conn:
-                if not self._committed(conn, epoch):
+                already = self._committed(conn, epoch)
+                if not already:
                     present = {n for n, _ in db.staging_tables(conn, self.key, epoch)}
                     missing = [t for t in committable["tables"] if t not in present]
                     if missing:
@@ -545,7 +549,7 @@ class SqlCoordinator(
             # transaction won, ours rolled back. Done, if its row is there.
             with db.engine.connect() as conn:
                 if self._committed(conn, epoch):
-                    return
+                    return CommitOutcome.already_committed("another coordinator's commit won")
             raise db.error(f"epoch {epoch}'s commit", exc) from None
         except sa_exc.OperationalError as exc:
             from eosink import CommitStateUnknownError
@@ -557,6 +561,9 @@ class SqlCoordinator(
             raise
         except sa_exc.DBAPIError as exc:
             raise db.error(f"epoch {epoch}'s commit", exc) from None
+        if already:
+            return CommitOutcome.already_committed(f"{self.db.own('sql_epochs')} has its row")
+        return None
 
     def _epoch_row(self, conn: Any, epoch: int, committable: dict[str, Any]) -> None:
         from sqlalchemy import text
