@@ -95,9 +95,11 @@ CASES = [
         ["roll_mid_merge", "roll_before_drop"],
         max_row_count=2 * ROWS,
     ),
-    # (eosink.run's local batch cases, an ORC batch merged from 3 tasks' pieces and a JSON
-    # batch killed in its rolls: tests/test_lifecycle_kills.py, eosink._batch.run_batch
-    # without Spark.)
+    # eosink.run's batch (epoch 5): Spark's writers' Parquet pieces of 3 tasks merged into
+    # one file per partition at the run's end, killed inside that merge; the re-run finds
+    # the epoch committed and rolls its slots. (An ORC batch and a JSON batch killed in
+    # its rolls: tests/test_lifecycle_kills.py, eosink._batch.run_batch without Spark.)
+    _case("local", "batch", "parquet", ["roll_mid_merge"], partitioned=True, max_row_count=10**9),
     # (S3 streams, Python writers: a JSON chain, each epoch's ~5.5 MiB uploaded as a part of
     # its slot's multipart upload, and a Parquet chain, pieces merged and uploaded when the
     # slot rolls: tests/test_lifecycle_kills.py, which caught what the JSON case caught, a

@@ -146,13 +146,21 @@ def _cdc_state(job: Job) -> list[tuple[int, str, str]]:
 
 # The sql sink through format("eosink") on a SQLite target (no transaction held from phase
 # 1: its commit runs the statements anew) and on PostgreSQL (the commit runs in Spark's
-# Python data source worker; the whole driver is killed there). (eosink.run on a SQLite
-# target: tests/test_lifecycle_kills.py; tests/test_spark_lines.py kills one on pyspark 3.5.)
+# Python data source worker; the whole driver is killed there), and eosink.run's batch
+# killed inside its commit on each (PostgreSQL: the transaction held since phase 1 dies
+# with the driver; the re-run commits the PENDING epoch anew). (eosink.run's streams on a
+# SQLite target: tests/test_lifecycle_kills.py; tests/test_spark_lines.py kills one on
+# pyspark 3.5.)
 SQLITE_TARGET = [
     ("ds-stream", ["mid_commit@2"]),
     ("ds-batch", ["mid_commit"]),
+    ("batch", ["mid_commit"]),
 ]
-PG_FORMAT = [("ds-stream", ["mid_commit@2"]), ("ds-batch", ["mid_commit"])]
+PG_FORMAT = [
+    ("ds-stream", ["mid_commit@2"]),
+    ("ds-batch", ["mid_commit"]),
+    ("batch", ["mid_commit"]),
+]
 
 
 @pytest.mark.parametrize(
