@@ -356,7 +356,7 @@ def memory_part(tmp: Path, batches: int, every: int) -> list[str]:
     import tracemalloc
     from unittest import mock
 
-    import eosink._stream as stream_mod
+    import eosink._write as write_mod
     from eosink._checkpoint import CheckpointDir
     from eosink._handles import StreamingHandle
     from eosink._write import Written
@@ -383,7 +383,7 @@ def memory_part(tmp: Path, batches: int, every: int) -> list[str]:
 
         committer = AsyncCommitter(rt, lambda e: ckpt.has_commit(e))
         fn = StreamBatches.__new__(StreamBatches)
-        fn.settings = mock.Mock(epoch_base=0, inline=False)
+        fn.settings = mock.Mock(epoch_base=0, inline=False, max_pending_epochs=8)
         fn.figures = []
         fn.live = _Live(rt, committer, fn.figures, None, resumed=True)
         handle = StreamingHandle(mock.Mock(), rt.sink_id, 0, fn)
@@ -391,8 +391,8 @@ def memory_part(tmp: Path, batches: int, every: int) -> list[str]:
         costs: list[float] = []
         tracemalloc.start()
         with (
-            mock.patch.object(stream_mod, "write_or_discard", lambda df, ep, schema: empty),
-            mock.patch.object(stream_mod, "arrow_schema", lambda df: SCHEMA),
+            mock.patch.object(write_mod, "write_or_discard", lambda df, ep, schema: empty),
+            mock.patch.object(write_mod, "arrow_schema", lambda df: SCHEMA),
         ):
             for b in range(batches):
                 t0 = time.perf_counter()

@@ -42,9 +42,10 @@ from ._batch import commit_batch, end_batch, open_batch
 from ._checkpoint import CheckpointDir
 from ._handles import BatchResult
 from ._journal import Journal
-from ._metastore import BATCH, COMMITTED
+from ._metastore import BATCH
 from ._paths import absolute, check_no_relative, path_options
 from ._protocol import SinkRuntime
+from ._rules import discard_failed_micro_batch, discard_refused_micro_batch
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._spark_version import register_data_source
 from ._staging import is_connect
@@ -189,11 +190,10 @@ def _written(rt: SinkRuntime, messages: list[Any]) -> Written:
 
 
 def _discard_refused(rt: SinkRuntime, epoch: int) -> None:
-    """Delete what the tasks staged for ``epoch`` in a refused micro-batch. This front end's
-    tasks write before the decision: their output has no committable, and no later start
-    would delete it under an epoch another run committed (rule 4 never touches a visible
-    epoch). A PENDING epoch's staged data is its run's: left alone."""
-    if rt.status_of(epoch) in (None, COMMITTED):  # no row: none, or gone by GC
+    """Delete what the tasks staged for ``epoch`` in a refused micro-batch, where
+    :func:`~eosink._rules.discard_refused_micro_batch` says so (this front end's tasks write
+    before the decision)."""
+    if discard_refused_micro_batch(rt.status_of(epoch)):
         rt.discard(epoch)
 
 
@@ -330,7 +330,7 @@ class _StreamWriter(_StreamBase):
         rt = self._runtime()
         try:
             for epoch in sorted(_tasks_epochs(messages) | {self.base + batchId}):
-                if rt.status_of(epoch) is None:
+                if discard_failed_micro_batch(rt.status_of(epoch)):
                     rt.discard(epoch)
         finally:
             _close(rt)

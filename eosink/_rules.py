@@ -41,6 +41,8 @@ __all__ = [
     "decide_auto_epoch",
     "decide_batch_epoch",
     "decide_stream_epoch",
+    "discard_failed_micro_batch",
+    "discard_refused_micro_batch",
     "is_own_epoch",
     "journal_entries_to_take",
     "move_base_above_other_runs",
@@ -156,6 +158,25 @@ def sweep_staged(
         for e in sorted(set(staged) - set(live))
         if not (hold and e >= first_epoch) and not is_committed(e)
     )
+
+
+def discard_failed_micro_batch(status: str | None) -> bool:
+    """Rule 4 for a ``format("eosink")`` micro-batch that Spark aborted (a task failed for
+    good): whether an epoch its tasks wrote is discarded now, from its record's ``status``
+    (None: no record). Only an epoch without a record: a PENDING epoch's staged data is its
+    committable's (rule 1 or 2 decides it), an ABORTED one's is deleted by rule 3, and a
+    COMMITTED one is left to its run."""
+    return status is None
+
+
+def discard_refused_micro_batch(status: str | None) -> bool:
+    """Rule 4 for a ``format("eosink")`` micro-batch refused at its commit (rule 8: another
+    run took its epoch; this front end's tasks write before the decision): whether the
+    epoch's staged output is discarded now, from its record's ``status`` (None: no record,
+    or collected). Without a record, or COMMITTED by that other run: the output has no
+    committable, and no later start deletes staged data under a committed epoch (rule 4
+    never touches a visible epoch). A PENDING epoch's staged data is its run's."""
+    return status in (None, COMMITTED)
 
 
 @dataclass(frozen=True)

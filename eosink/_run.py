@@ -6,6 +6,7 @@ through :class:`~eosink._protocol.Epoch`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,7 +22,8 @@ from ._restart import RestartPolicy
 from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import spark_master
-from ._stream import open_stream_batches, write_or_discard
+from ._stream import open_stream_batches
+from ._write import write_or_discard
 from .errors import ConfigError
 from .registry import get_sink
 
@@ -160,7 +162,8 @@ def run(
         runtime = open_runtime(setup)
         try:
             _warn_if_unfenced(df, runtime.store, setup.sink_id)
-            return run_batch(runtime, setup.epoch, lambda ep: write_or_discard(df, ep, schema))
+            write = functools.partial(write_or_discard, df, schema=schema)
+            return run_batch(runtime, setup.epoch, write)
         finally:
             runtime.close()
             runtime.store.close()

@@ -31,15 +31,13 @@ from ._journal import Journal
 from ._logs import default_logging
 from ._metastore import COMMITTED, PENDING, MetaStore
 from ._protocol import FIGURES_KEPT, AsyncCommitter, EpochFigures, SinkRuntime
-from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime
-from ._write import Written, write_epoch
+from ._write import Written, spark_write
 from .errors import ConfigError, EosinkError
 from .faults import fault_point
 from .sink import Rolling
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from ._protocol import Epoch
@@ -53,9 +51,7 @@ __all__ = [
     "eosink_error_of_stream",
     "finish_stream",
     "open_stream_batches",
-    "spark_write",
     "wait_committed",
-    "write_or_discard",
 ]
 
 
@@ -130,22 +126,6 @@ class StreamSettings:
             rt.store.close()
             raise
         return rt
-
-
-def write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
-    """Run the writers; if any fails, discard what the others staged, then re-raise."""
-    rt = ep.runtime
-    setup = ep.setup(schema)
-    try:
-        return write_epoch(df, rt, ep.epoch, setup, schema)
-    except BaseException:
-        ep.discard()
-        raise
-
-
-def spark_write(df: DataFrame, ep: Epoch) -> Written:
-    """A micro-batch's epoch written by Spark's tasks (:func:`write_or_discard`)."""
-    return write_or_discard(df, ep, arrow_schema(df))
 
 
 def keep_figures(figures: list[EpochFigures], fig: EpochFigures) -> None:

@@ -30,11 +30,12 @@ from .sink import Capabilities, SinkCommitCoordinator, SparkWriter
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from ._protocol.epoch import Epoch
     from ._protocol.phases import _Phases
 
 log = logging.getLogger("eosink")
 
-__all__ = ["Written", "write_epoch", "writer_kind"]
+__all__ = ["Written", "spark_write", "write_epoch", "write_or_discard", "writer_kind"]
 
 _RESULT_SCHEMA = "result binary, rows long"
 _told: set[tuple[str, str]] = set()
@@ -75,6 +76,23 @@ def writer_kind(
         _told.add(key)
         log.info("eosink: Python writers for this sink, not Spark's: %s", why)
     return "python"
+
+
+def write_or_discard(df: DataFrame, ep: Epoch, schema: pa.Schema) -> Written:
+    """Write ``ep`` (its ``writer_setup`` first, then :func:`write_epoch`); if any writer
+    fails, discard what the others staged, then re-raise. What a batch run's and a
+    micro-batch's lifecycle hand their epoch to."""
+    setup = ep.setup(schema)
+    try:
+        return write_epoch(df, ep.runtime, ep.epoch, setup, schema)
+    except BaseException:
+        ep.discard()
+        raise
+
+
+def spark_write(df: DataFrame, ep: Epoch) -> Written:
+    """A micro-batch's epoch written by Spark's tasks (:func:`write_or_discard`)."""
+    return write_or_discard(df, ep, arrow_schema(df))
 
 
 def write_epoch(

@@ -272,7 +272,7 @@ def main(
 
     def written(ep: Epoch, data: pa.RecordBatch) -> Written:
         """``data`` written by ``tasks`` writers (Spark's tasks); on an error the epoch is
-        discarded (as :func:`eosink._stream.write_or_discard` does)."""
+        discarded (as :func:`eosink._write.write_or_discard` does)."""
         t0 = time.perf_counter()
         parts = [[p] for p in _parts(data, tasks, kafka_rows)]
         try:

@@ -468,3 +468,21 @@ def test_after_commit_attempt_over_every_outcome() -> None:
                 else:
                     inside = since is None or since <= window
                     assert step == ("retry" if inside else "fail"), ctx
+
+
+def test_micro_batch_discards_over_every_status() -> None:
+    """A ``format("eosink")`` micro-batch's staged output, over every status of its epoch's
+    record: a PENDING epoch's data (its committable's) and an ABORTED one's (rule 3's) are
+    never discarded by the front end; data without a record always is; an epoch another
+    run COMMITTED is discarded when the micro-batch was refused (nothing else would ever
+    delete it)."""
+    from eosink._rules import discard_failed_micro_batch, discard_refused_micro_batch
+
+    for status in (None, "PENDING", "COMMITTED", "ABORTED"):
+        for decide in (discard_failed_micro_batch, discard_refused_micro_batch):
+            got = decide(status)
+            if status in ("PENDING", "ABORTED"):
+                assert not got, (decide.__name__, status)
+            if status is None:
+                assert got, (decide.__name__, status)
+        assert discard_refused_micro_batch("COMMITTED")
