@@ -14,9 +14,10 @@ import getpass
 import logging
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from ._handles import BatchResult
+from ._mixins import Rolling
 from ._protocol import Epoch, SinkRuntime
 from ._write import Written
 from .errors import ConfigError, SinkError
@@ -122,8 +123,7 @@ def _drop_lost_open_files(rt: SinkRuntime, reason: str) -> list[dict[str, Any]]:
     each file it drops)."""
     from ._metastore import DROPPED_OPEN_FILE, PENDING
 
-    drop = getattr(rt.coordinator, "drop_lost_open_files", None)
-    if drop is None:
+    if not rt.caps.rolling:
         raise ConfigError(
             f"--drop-lost-open-files: sink {rt.sink_id} ({rt.plugin.name}) has no open files"
         )
@@ -133,7 +133,7 @@ def _drop_lost_open_files(rt: SinkRuntime, reason: str) -> list[dict[str, Any]]:
             "not be committed (see `eosink status`); if one of them fails on a lost open "
             "file, abandon it first (`eosink abandon`), then run this again"
         )
-    dropped: list[dict[str, Any]] = drop()
+    dropped = cast(Rolling, rt.coordinator).drop_lost_open_files()
     by = f"{getpass.getuser()}@{socket.gethostname()} (eosink recover --drop-lost-open-files)"
     for d in dropped:
         rt.store.record_loss(

@@ -86,6 +86,7 @@ class Journal:
         self.sink_id = sink_id
         self.dir = f"{prefix}{hashlib.sha1(sink_id.encode()).hexdigest()[:16]}"
         self.generation = generation
+        self._pruned = False  # record() deleted older generations' entries of its epoch
 
     # -- generations -----------------------------------------------------------------------
     def _generations(self) -> list[int]:
@@ -172,7 +173,9 @@ class Journal:
         keeps a torn newest entry (possible mid-write on a non-local file system) from
         falling back to a record whose data is gone. A crash between the two steps leaves a
         superseded entry, deleted by the next record of the epoch or by
-        :meth:`forget_before`.
+        :meth:`forget_before`. Only a driver's first record can supersede one (Spark runs
+        again only the one batch it had not committed), so only the first record of this
+        object lists the entries (a listing per epoch costs a LIST on object stores).
         """
         body = json.dumps(
             {
@@ -191,6 +194,9 @@ class Journal:
         ).encode()
         name = f"{entry.epoch:012d}.{entry.generation}.json"
         self.ckpt.write_bytes(f"{self.dir}/pending/{name}", body)
+        if self._pruned:
+            return
+        self._pruned = True
         for e, gen, old in self._names():
             if e == entry.epoch and gen < entry.generation:
                 try:

@@ -118,6 +118,15 @@ class Rolling(ABC):
     def next_roll_in(self) -> float | None:
         """Seconds until an open file is due by time, or None when none can be."""
 
+    def drop_lost_open_files(self) -> list[dict[str, Any]]:
+        """``eosink recover --drop-lost-open-files``: drop the open files whose committed rows
+        can no longer be published (destroyed outside eosink), so that the sink goes on.
+        Called only when no epoch is PENDING. Returns one record per dropped file:
+        ``final`` (its name), ``start`` and ``end`` (its epochs), ``rows``, ``bytes`` and
+        ``why``; the core records each as a known loss of epoch ``end``. Default: nothing
+        is ever lost (returns [])."""
+        return []
+
 
 class StagedEpochs(ABC):
     """Optional mixin for a coordinator: lists the epochs with staged data.
