@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from eosink import SinkError, fault_point
 from eosink.util import fsync_path
 
-from ._s3 import MIN_PART_BYTES, S3Store, local_tmp_dir
+from ._s3 import DROP_LOST_HINT, MIN_PART_BYTES, S3Store, local_tmp_dir
 
 if TYPE_CHECKING:
     from .options import FileSinkOptions
@@ -496,9 +496,7 @@ class Roller:
                 f"the in-progress file {self._path(slot['inprogress'])} of the open file "
                 f"{slot['final']} (epochs {slot['start']}..{slot['end']}) has {size} bytes, "
                 f"not the {want} committed into it: it was truncated or replaced outside "
-                "eosink, and the rows of those epochs cannot be published: stop the job and "
-                "run `eosink recover --drop-lost-open-files` (docs/cli.md) to record the "
-                "loss and let the sink go on"
+                f"eosink, and the rows of those epochs cannot be published: {DROP_LOST_HINT}"
             )
         if size > want:
             fh.truncate(want)  # what an epoch that was never committed appended
@@ -825,8 +823,7 @@ class Roller:
                             f"the open file {slot['final']} (epochs {slot['start']}.."
                             f"{slot['end']}, {slot['rows']} rows) cannot be published: {why} "
                             "(deleted outside eosink), and the rows of those epochs are gone: "
-                            "stop the job and run `eosink recover --drop-lost-open-files` "
-                            "(docs/cli.md) to record the loss and let the sink go on"
+                            f"{DROP_LOST_HINT}"
                         ) from exc
                 raise
             consumed, self._consumed = self._consumed, []

@@ -33,6 +33,14 @@ PROBE_READ_TIMEOUT = 10.0
 PROBE_ATTEMPTS = 2
 """Attempts of the start-up probe (botocore's ``max_attempts``: the first one included)."""
 
+DROP_LOST_HINT = (
+    "stop the job and run `eosink recover --drop-lost-open-files` (docs/cli.md) to record the "
+    "loss and let the sink go on"
+)
+"""The way out of an open rolling file whose rows were destroyed outside eosink, said by
+every error that meets one (docs/cli.md, "An open rolling file destroyed behind eosink's
+back")."""
+
 
 @dataclass(frozen=True)
 class Part:
@@ -250,10 +258,9 @@ class S3Store:
         return SinkError(
             f"the multipart upload of {self.url(rel)} (upload id {upload_id[:16]}...) was "
             "aborted outside eosink (a bucket lifecycle rule for incomplete uploads?): the "
-            "rows already in its parts are lost from S3 and none of them was published. "
-            "Stop the job and run `eosink recover --drop-lost-open-files` (docs/cli.md) to "
-            "record the loss and let the sink go on; restore the rows from the source, and "
-            "make the lifecycle rule longer than the sink's rolling interval"
+            "rows already in its parts are lost from S3 and none of them was published: "
+            f"{DROP_LOST_HINT}; restore the rows from the source, and make the lifecycle "
+            "rule longer than the sink's rolling interval"
         )
 
     def upload_part(self, rel: str, upload_id: str, n: int, data: bytes) -> Part:
@@ -337,10 +344,9 @@ class S3Store:
             f"the multipart upload of {self.url(rel)} (upload id {upload_id[:16]}...) is gone "
             f"and the object is {'missing' if have is None else f'{have} bytes, not {size}'}: "
             "it was aborted outside eosink (a bucket lifecycle rule for incomplete uploads?). "
-            "Its rows are lost from S3 and nothing of it was published: stop the job and run "
-            "`eosink recover --drop-lost-open-files` (docs/cli.md) to record the loss and let "
-            "the sink go on; restore the rows from the source and make the lifecycle rule "
-            "longer than the sink's rolling interval"
+            f"Its rows are lost from S3 and nothing of it was published: {DROP_LOST_HINT}; "
+            "restore the rows from the source and make the lifecycle rule longer than the "
+            "sink's rolling interval"
         )
 
     def abort_upload(self, rel: str, upload_id: str) -> None:
