@@ -849,9 +849,12 @@ or an elision of the docs (``...``)."""
 _FORMAT_FIELD = re.compile(r"%(?:\([^)]*\))?[-#0 +]*\d*(?:\.\d+)?[sdrfgxi]|\{[^{}]*\}")
 
 
-def _string_pieces(node: ast.AST) -> list[str | None] | None:
+def _string_pieces(node: ast.AST, consts: dict[str, str] | None = None) -> list[str | None] | None:
     """A string expression of the code as literal pieces and ``_STAR``s (an f-string's
-    values, ``%s``/``{}`` fields, operands of ``+`` that are not strings), or None."""
+    values, ``%s``/``{}`` fields, operands of ``+`` that are not strings), or None. An
+    f-string's value that is one of ``consts`` (the modules' upper-case string constants,
+    such as ``DROP_LOST_HINT``) is that constant's text."""
+    consts = consts or {}
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         out: list[str | None] = []
         pos = 0
@@ -860,13 +863,45 @@ def _string_pieces(node: ast.AST) -> list[str | None] | None:
             pos = m.end()
         return [*out, node.value[pos:]]
     if isinstance(node, ast.JoinedStr):
-        return [v.value if isinstance(v, ast.Constant) else _STAR for v in node.values]
+        return [_f_piece(v, consts) for v in node.values]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
-        left, right = _string_pieces(node.left), _string_pieces(node.right)
+        left, right = _string_pieces(node.left, consts), _string_pieces(node.right, consts)
         if left is None and right is None:
             return None
         return (left if left is not None else [_STAR]) + (right if right is not None else [_STAR])
     return None
+
+
+def _f_piece(value: ast.expr, consts: dict[str, str]) -> str | None:
+    """One piece of an f-string: its literal text, a named constant's text, or ``_STAR``."""
+    if isinstance(value, ast.Constant):
+        return str(value.value)
+    if (
+        isinstance(value, ast.FormattedValue)
+        and isinstance(value.value, ast.Name)
+        and value.conversion == -1
+        and value.format_spec is None
+        and value.value.id in consts
+    ):
+        return consts[value.value.id]
+    return _STAR
+
+
+def _string_constants(trees: list[ast.Module]) -> dict[str, str]:
+    """The modules' upper-case string constants (``NAME = "..."`` at module level)."""
+    out: dict[str, str] = {}
+    for tree in trees:
+        for stmt in tree.body:
+            if (
+                isinstance(stmt, ast.Assign)
+                and len(stmt.targets) == 1
+                and isinstance(stmt.targets[0], ast.Name)
+                and stmt.targets[0].id.isupper()
+                and isinstance(stmt.value, ast.Constant)
+                and isinstance(stmt.value.value, str)
+            ):
+                out[stmt.targets[0].id] = stmt.value.value
+    return out
 
 
 def _pattern(pieces: list[str | None]) -> list[str | None]:
@@ -887,12 +922,15 @@ def _code_messages() -> list[tuple[str, list[str | None]]]:
     """Every string expression of eosink/ and plugins/ (implicit concatenation joined by the
     parser, ``+`` chains joined here) as a pattern, with its file."""
     out = []
-    for path in sorted([*ROOT.glob("eosink/**/*.py"), *ROOT.glob("plugins/**/*.py")]):
+    paths = sorted([*ROOT.glob("eosink/**/*.py"), *ROOT.glob("plugins/**/*.py")])
+    trees = [ast.parse(path.read_text()) for path in paths]
+    consts = _string_constants(trees)
+    for path, tree in zip(paths, trees, strict=True):
         inner: set[int] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree):
             if id(node) in inner:
                 continue
-            pieces = _string_pieces(node)
+            pieces = _string_pieces(node, consts)
             if pieces is None:
                 continue
             inner.update(id(n) for n in ast.walk(node))
