@@ -93,6 +93,7 @@ def test_second_driver_fences_the_first(metastore_url: str, tmp_path: Path) -> N
         lambda: _pending(zombie, g1, 1, sink),
         lambda: zombie.set_lineage(sink, g1, "x", 0),
         lambda: zombie.gc(sink, g1, 1),
+        lambda: zombie.assert_live(sink, g1),  # the check before a plugin's commit or abort
     ):
         with pytest.raises(FencedError):
             change()

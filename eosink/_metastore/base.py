@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection
 from sqlalchemy.exc import DatabaseError, OperationalError, SQLAlchemyError
 
 from ..errors import (
@@ -17,9 +17,9 @@ from ..errors import (
     MetaStoreError,
     MetaStoreUnavailableError,
 )
+from . import statements
 from .engine import _make_engine, _permanent, redact_url
 from .migrations import ensure_schema
-from .models import SinkRow
 
 log = logging.getLogger("eosink.metastore")
 
@@ -112,16 +112,14 @@ class StoreBase:
 
     @staticmethod
     def _fence(conn: Connection, sink_id: str, generation: int) -> None:
+        """The fencing check of a write, in the write's transaction: the sink row stays
+        locked until the write commits, so a newer coordinator's acquire is ordered after
+        it (and this write then fails)."""
         res = conn.execute(
-            update(SinkRow)
-            .where(SinkRow.sink_id == sink_id, SinkRow.generation == generation)
-            .values(updated_at=time.time())
+            statements.FENCE, {"b_sid": sink_id, "b_gen": generation, "b_now": time.time()}
         )
         if res.rowcount != 1:
-            raise FencedError(
-                f"sink {sink_id!r}: this coordinator (generation {generation}) was fenced by a "
-                "newer one; it stops without changing any state"
-            )
+            raise _fenced(sink_id, generation)
 
     def assert_live(self, sink_id: str, generation: int) -> None:
         """Raise :class:`FencedError` if a newer coordinator acquired ``sink_id``.
@@ -131,7 +129,19 @@ class StoreBase:
         """
 
         def run(_: int) -> None:
+            # A read: a check outside a write is as good as the moment it reads (a newer
+            # coordinator may acquire the sink right after it, whatever it locked), and a
+            # write transaction would cost the meta store a sync to disk.
             with self._tx() as conn:
-                self._fence(conn, sink_id, generation)
+                current = conn.execute(statements.GENERATION, {"b_sid": sink_id}).scalar()
+            if current != generation:
+                raise _fenced(sink_id, generation)
 
         self._retry("a fencing check", run)
+
+
+def _fenced(sink_id: str, generation: int) -> FencedError:
+    return FencedError(
+        f"sink {sink_id!r}: this coordinator (generation {generation}) was fenced by a "
+        "newer one; it stops without changing any state"
+    )

@@ -10,15 +10,14 @@ from sqlalchemy import (
     Connection,
     delete,
     func,
-    insert,
     select,
     update,
 )
 from sqlalchemy.exc import IntegrityError
 
 from ..errors import InvalidTransitionError
+from . import statements
 from .base import StoreBase
-from .engine import _greatest
 from .models import ABORTED, COMMITTED, PENDING, EpochRow, SinkRow
 from .records import BATCH_ORIGINS, EpochRecord
 
@@ -50,9 +49,7 @@ class EpochOps(StoreBase):
         def run(_: int) -> EpochRecord | None:
             with self._tx() as conn:
                 row = conn.execute(
-                    select(EpochRow.__table__).where(
-                        EpochRow.sink_id == sink_id, EpochRow.epoch == epoch
-                    )
+                    statements.EPOCH, {"b_sid": sink_id, "b_epoch": epoch}
                 ).one_or_none()
                 return None if row is None else self._record(row)
 
@@ -103,31 +100,35 @@ class EpochOps(StoreBase):
             now = time.time()
             with self._tx() as conn:
                 self._fence(conn, sink_id, generation)
-                try:
-                    with conn.begin_nested():
-                        conn.execute(
-                            insert(EpochRow).values(
-                                sink_id=sink_id,
-                                epoch=epoch,
-                                status=PENDING,
-                                committable=committable,
-                                codec_version=codec_version,
-                                generation=generation,
-                                rows=rows,
-                                files=files,
-                                nbytes=nbytes,
-                                batch_end_at=batch_end_at,
-                                pre_commit_ms=pre_commit_ms,
-                                origin=origin,
-                                created_at=now,
-                                updated_at=now,
-                            )
-                        )
-                except IntegrityError:
+                values = {
+                    "sink_id": sink_id,
+                    "epoch": epoch,
+                    "status": PENDING,
+                    "committable": committable,
+                    "codec_version": codec_version,
+                    "generation": generation,
+                    "rows": rows,
+                    "files": files,
+                    "bytes": nbytes,
+                    "batch_end_at": batch_end_at,
+                    "pre_commit_ms": pre_commit_ms,
+                    "origin": origin,
+                    "created_at": now,
+                    "updated_at": now,
+                }
+                if_new = statements.insert_epoch_if_new(conn.dialect.name)
+                if if_new is not None:
+                    inserted = statements.inserted(conn.execute(if_new, values))
+                else:
+                    try:
+                        with conn.begin_nested():
+                            conn.execute(statements.INSERT_EPOCH, values)
+                        inserted = True
+                    except IntegrityError:
+                        inserted = False
+                if not inserted:
                     row = conn.execute(
-                        select(EpochRow.status, EpochRow.generation, EpochRow.committable).where(
-                            EpochRow.sink_id == sink_id, EpochRow.epoch == epoch
-                        )
+                        statements.EPOCH_STATE, {"b_sid": sink_id, "b_epoch": epoch}
                     ).one_or_none()
                     if (
                         attempt
@@ -140,7 +141,7 @@ class EpochOps(StoreBase):
                     raise InvalidTransitionError(
                         f"sink {sink_id!r} epoch {epoch}: "
                         f"{None if row is None else row.status} -> {PENDING} is not allowed"
-                    ) from None
+                    )
 
         self._retry(f"persist PENDING of epoch {epoch}", run)
 
@@ -155,15 +156,13 @@ class EpochOps(StoreBase):
         **values: Any,
     ) -> bool:
         """``src`` -> ``dst``; False when a retried attempt finds ``dst`` already reached."""
+        key = {"b_sid": sink_id, "b_epoch": epoch}
         res = conn.execute(
-            update(EpochRow)
-            .where(EpochRow.sink_id == sink_id, EpochRow.epoch == epoch, EpochRow.status == src)
-            .values(status=dst, updated_at=time.time(), **values)
+            statements.TRANSITION,
+            {**key, "b_src": src, "status": dst, "updated_at": time.time(), **values},
         )
         if res.rowcount != 1:
-            cur = conn.execute(
-                select(EpochRow.status).where(EpochRow.sink_id == sink_id, EpochRow.epoch == epoch)
-            ).scalar_one_or_none()
+            cur = conn.execute(statements.EPOCH_STATE, key).scalar_one_or_none()
             if attempt and cur == dst:
                 return False
             raise InvalidTransitionError(
@@ -173,13 +172,15 @@ class EpochOps(StoreBase):
 
     def mark_committed(
         self, sink_id: str, generation: int, epoch: int, *, commit_ms: float
-    ) -> None:
-        """PENDING -> COMMITTED, and raise the sink's high-water mark."""
+    ) -> str | None:
+        """PENDING -> COMMITTED, and raise the sink's high-water mark. Returns the epoch's
+        ``origin`` (the caller's next step depends on it: no second read)."""
 
-        def run(attempt: int) -> None:
+        def run(attempt: int) -> str | None:
+            key = {"b_sid": sink_id, "b_epoch": epoch}
             with self._tx() as conn:
                 self._fence(conn, sink_id, generation)
-                if not self._transition(
+                if self._transition(
                     conn,
                     sink_id,
                     epoch,
@@ -189,17 +190,11 @@ class EpochOps(StoreBase):
                     commit_ms=commit_ms,
                     committed_at=time.time(),
                 ):
-                    return
-                conn.execute(
-                    update(SinkRow)
-                    .where(SinkRow.sink_id == sink_id)
-                    .values(
-                        high_water=_greatest(conn.dialect.name, SinkRow.high_water, epoch),
-                        committed_epochs=SinkRow.committed_epochs + 1,
-                    )
-                )
+                    conn.execute(statements.raise_high_water(conn.dialect.name), key)
+                origin: str | None = conn.execute(statements.EPOCH_STATE, key).one().origin
+                return origin
 
-        self._retry(f"mark epoch {epoch} COMMITTED", run)
+        return self._retry(f"mark epoch {epoch} COMMITTED", run)
 
     def mark_aborted(self, sink_id: str, generation: int, epoch: int) -> None:
         """PENDING -> ABORTED."""

@@ -19,6 +19,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
+from . import statements
 from .base import StoreBase
 from .engine import _greatest
 from .models import EpochRow, SinkRow
@@ -99,9 +100,7 @@ class SinkOps(StoreBase):
 
     @staticmethod
     def _sink(conn: Connection, sink_id: str) -> SinkRecord | None:
-        row = conn.execute(
-            select(SinkRow.__table__).where(SinkRow.sink_id == sink_id)
-        ).one_or_none()
+        row = conn.execute(statements.SINK, {"b_sid": sink_id}).one_or_none()
         if row is None:
             return None
         return SinkRecord(

@@ -15,8 +15,10 @@ The operations live by job: ``base`` (connection, transactions, retry, fencing),
 
 from __future__ import annotations
 
+from . import statements
 from .epochs import EpochOps
 from .losses import LossOps
+from .records import EpochRecord, SinkRecord
 from .sinks import SinkOps
 
 __all__ = ["MetaStore"]
@@ -35,3 +37,20 @@ class MetaStore(SinkOps, EpochOps, LossOps):
         MetaStoreUnavailableError: the database cannot be reached.
         MissingExtraError: the database driver is not installed.
     """
+
+    def epoch_and_sink(
+        self, sink_id: str, epoch: int
+    ) -> tuple[EpochRecord | None, SinkRecord | None]:
+        """``epoch``'s row, then the sink's row, in one transaction (what a micro-batch's
+        decision reads: one round trip of the meta store's, not three). The sink's row is
+        read second: a check of its generation then stands for a fencing check made after
+        the epoch was read."""
+
+        def run(_: int) -> tuple[EpochRecord | None, SinkRecord | None]:
+            with self._tx() as conn:
+                row = conn.execute(
+                    statements.EPOCH, {"b_sid": sink_id, "b_epoch": epoch}
+                ).one_or_none()
+                return (None if row is None else self._record(row)), self._sink(conn, sink_id)
+
+        return self._retry("a read", run)

@@ -194,11 +194,10 @@ class _Decisions(_Recovery):
             SinkIdentityError: another run (a batch job, another checkpoint) wrote this epoch.
             FencedError: a newer coordinator took over.
         """
-        r = self.store.epoch(self.sink_id, epoch)
+        r, sink = self.store.epoch_and_sink(self.sink_id, epoch)
         rec = _known(r) if r is not None else None
         gc_floor, journal_origin = None, None
         if rec is None:
-            sink = self.store.sink(self.sink_id)
             gc_floor = sink.gc_floor if sink is not None else None
             if gc_floor is not None and epoch <= gc_floor and self.journal is not None:
                 # Committed, its row garbage-collected (or known from the target's marker):
@@ -241,7 +240,9 @@ class _Decisions(_Recovery):
                     "Fix what the abort needs and restart; it is retried first"
                 )
             decision = WRITE
+            sink = None  # the abort changed state: check fencing anew
         # Read first, check fencing second: a skip decided on state that a newer
-        # coordinator could have changed is never acted on.
-        self.assert_live()
+        # coordinator could have changed is never acted on. (The sink's row was read after
+        # the epoch's, in the same transaction: its generation is that check.)
+        self.assert_live(sink)
         return decision

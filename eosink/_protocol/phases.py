@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from .. import _metrics
-from .._journal import Entry
+from .._journal import Entry, Journal
 from .._metastore import (
     BATCH_AUTO,
     BATCH_AUTO_UNREPORTED,
@@ -151,23 +152,19 @@ class _Phases(_State):
         journals = [target] if batch else [self.journal, target]
         generation = self.generation if batch or self.journal is None else self.journal.generation
         assert generation is not None
-        for journal in journals:
-            if journal is None:
-                continue
-            journal.record(
-                Entry(
-                    epoch=epoch,
-                    generation=generation,
-                    committable=data,
-                    codec_version=self.plugin.committable_codec.version,
-                    rows=rows,
-                    files=files,
-                    bytes=nbytes,
-                    batch_end_at=batch_end,
-                    pre_commit_ms=pre_ms,
-                    origin=origin,
-                )
-            )
+        entry = Entry(
+            epoch=epoch,
+            generation=generation,
+            committable=data,
+            codec_version=self.plugin.committable_codec.version,
+            rows=rows,
+            files=files,
+            bytes=nbytes,
+            batch_end_at=batch_end,
+            pre_commit_ms=pre_ms,
+            origin=origin,
+        )
+        _record_all([j for j in journals if j is not None], entry)
         self.store.persist_pending(
             self.sink_id,
             self.generation,
@@ -299,20 +296,17 @@ class _Phases(_State):
             )
         fault_point("after_commit")
         fig.commit_ms = (time.perf_counter() - t0) * 1000
-        self.store.mark_committed(self.sink_id, self.generation, epoch, commit_ms=fig.commit_ms)
+        origin = self.store.mark_committed(
+            self.sink_id, self.generation, epoch, commit_ms=fig.commit_ms
+        )
         fig.committed_at = time.time()
         self._keep_figures(epoch, fig)
         _metrics.epoch_ended(self.sink_id, self.plugin.name, epoch, _metrics.COMMITTED, figures=fig)
         fault_point("after_mark_committed")
         target = self.target_journal()
-        rec = (
-            self.store.epoch(self.sink_id, epoch)
-            if target is not None or self.journal is not None
-            else None
-        )
         if target is not None:
-            if rec is not None and rec.origin in BATCH_ORIGINS:
-                target.mark_committed(epoch, rec.origin)
+            if origin in BATCH_ORIGINS:
+                target.mark_committed(epoch, origin)
             else:
                 try:  # a leftover entry is re-committed idempotently, never lost
                     target.forget(epoch)
@@ -326,7 +320,7 @@ class _Phases(_State):
         # Only this stream's own epochs: committing another run's epoch (recovery, rule 7)
         # says nothing of this stream's entries (one may be an epoch committed ahead of the
         # checkpoint, which a restart on a lost store needs).
-        if self.journal is not None and (rec is None or rec.origin in (None, self.lineage)):
+        if self.journal is not None and origin in (None, self.lineage):
             try:  # the newest committed epoch's entry stays: older ones are committed
                 self.journal.forget_before(epoch)
             except Exception:  # a leftover entry is re-committed idempotently, never lost
@@ -365,3 +359,29 @@ class _Phases(_State):
             n = self.store.gc(self.sink_id, self.generation, self.gc_keep)
             if n:
                 log.debug("sink %s: garbage-collected %d committed epochs", self.sink_id, n)
+
+
+def _record_all(journals: list[Journal], entry: Entry) -> None:
+    """Record ``entry`` in every journal, durably, before the epoch's PENDING row. A stream
+    of a sink with a journal beside its target has two: their writes (each waits on a sync
+    to disk, or on an object store's answer) run side by side. Raises the first one's error
+    after both ended (an entry of an epoch that is never persisted is harmless: recovery
+    never finds it PENDING, and the next record of the epoch replaces it)."""
+    if len(journals) < 2:
+        for journal in journals:
+            journal.record(entry)
+        return
+    errors: list[BaseException] = []
+
+    def record(journal: Journal) -> None:
+        try:
+            journal.record(entry)
+        except BaseException as exc:  # re-raised by the caller's thread
+            errors.append(exc)
+
+    helper = threading.Thread(target=record, args=(journals[1],), name="eosink-journal")
+    helper.start()
+    record(journals[0])
+    helper.join()
+    if errors:
+        raise errors[0]

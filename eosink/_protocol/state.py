@@ -15,12 +15,14 @@ from .._metastore import (
     BATCH_ORIGINS,
     FORMAT_STREAM_OWNER,
     MetaStore,
+    SinkRecord,
 )
 from .._mixins import capabilities_of
 from .._rules import (
     target_entries_to_take,
 )
 from ..errors import (
+    FencedError,
     SinkIdentityError,
 )
 from ..sink import (
@@ -137,11 +139,19 @@ class _State:
         """Epochs an operator abandoned (``eosink abandon``): never taken from a journal."""
         return {r.epoch for r in self.store.losses(self.sink_id)}
 
-    def assert_live(self) -> None:
+    def assert_live(self, sink: SinkRecord | None = None) -> None:
         """Raise :class:`FencedError` if a newer coordinator took the sink over: through the
-        meta store, or (streams) through the journal in the checkpoint, which every driver
-        of the query shares whatever meta store it uses."""
-        self.store.assert_live(self.sink_id, self.generation)
+        meta store (``sink``: its row as just read, instead of a read of its own), or
+        (streams) through the journal in the checkpoint, which every driver of the query
+        shares whatever meta store it uses."""
+        if sink is None:
+            self.store.assert_live(self.sink_id, self.generation)
+        elif sink.generation != self.generation:
+            raise FencedError(
+                f"sink {self.sink_id!r}: this coordinator (generation {self.generation}) was "
+                f"fenced by a newer one (generation {sink.generation}); it stops without "
+                "changing any state"
+            )
         if self.journal is not None:
             self.journal.assert_live()
 
