@@ -81,6 +81,7 @@ def inserted(result: Any) -> bool:
         return result.first() is not None
     return bool(result.rowcount == 1)
 
+
 TRANSITION = update(EPOCHS).where(
     EPOCHS.c.sink_id == _SID, EPOCHS.c.epoch == _EPOCH, EPOCHS.c.status == bindparam("b_src")
 )
