@@ -106,3 +106,45 @@ def test_checkpoint_location_is_qualified_as_spark_does(spark: Any, tmp_path: Pa
         CheckpointDir(spark, "nosuchscheme://bucket/chk")
     with pytest.raises(ConfigError, match="need a local one"):
         CheckpointDir(None, "dbfs:/chk")
+
+
+@pytest.mark.parametrize("failing", ["checkpoint", "target"])
+def test_an_entry_that_cannot_be_written_fails_the_epoch_before_pending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """A stream of the file sink records each epoch's entry in two journals, its
+    checkpoint's and the target's, written side by side: either write failing (an I/O
+    error injected into that journal's file layer) fails the epoch's phase 1 with that
+    error, and the epoch is not PENDING (nothing the checkpoint could record as done)."""
+    import pyarrow as pa
+
+    import eosink
+    from eosink._metastore import MetaStore
+    from eosink._protocol import SinkRuntime
+
+    plugin = eosink.get_sink("file")
+    opts = plugin.parse_options({"path": str(tmp_path / "out")})
+    store = MetaStore(f"sqlite:///{tmp_path / 'meta.db'}")
+    sid = f"file:{tmp_path / 'out'}"
+    rt = SinkRuntime(plugin, opts, sid, store)
+    try:
+        rt.start()
+        rt.lineage = "lineage-a"
+        rt.journal = Journal(CheckpointDir(None, str(tmp_path / "ckpt")), sid)
+        rt.journal.claim(rt.lineage, 0)
+        target = rt.target_journal()
+        assert target is not None  # the file sink keeps one beside its target
+        broken = rt.journal if failing == "checkpoint" else target
+
+        def disk_full(rel: str, data: bytes, **_: Any) -> bool:
+            raise OSError(28, f"No space left on device: {rel}")
+
+        monkeypatch.setattr(broken.ckpt, "write_bytes", disk_full)
+        ep = rt.stream_epoch(0)
+        ep.setup(pa.schema([("id", pa.int64())]))
+        with pytest.raises(OSError, match="No space left on device"):
+            ep.prepare([], 0, 0.0)
+        assert store.epoch(sid, 0) is None
+    finally:
+        rt.close()
+        store.close()
