@@ -479,14 +479,16 @@ def _random_kills(
     """Streams (``new(name)``) killed at random instants, again and again (each restart
     recovering from the previous kill, at most ``attempts`` kills a stream), then let finish
     and checked (``check``). The instants are drawn within 60 % of how long an uninterrupted
-    stream takes here (the first one, checked too); at least two kills a stream must land.
+    stream takes here (the quicker of two, checked too); at least two kills a stream must land.
     Returns how many kills landed, and how many of them left an epoch PENDING (inside the
     protocol)."""
-    d = new("whole")
-    t0 = time.perf_counter()
-    d.finish()
-    whole = time.perf_counter() - t0
-    check(d)
+    whole = float("inf")
+    for name in ("whole", "whole-again"):  # the quicker of two: one slowed by load on the
+        d = new(name)  # machine would draw instants past what the restarts take
+        t0 = time.perf_counter()
+        d.finish()
+        whole = min(whole, time.perf_counter() - t0)
+        check(d)
     kills = pending = 0
     for n in range(streams):
         d = new(f"s{n}")
