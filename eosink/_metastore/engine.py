@@ -70,7 +70,7 @@ def eosink_home() -> Path:
     return Path(os.environ.get("EOSINK_HOME", Path.home() / ".eosink")).expanduser()
 
 
-def _greatest(dialect: str, column: Any, value: int) -> Any:
+def _greatest(dialect: str, column: Any, value: Any) -> Any:
     """SQL ``max(column, value)`` of two values (SQLite's scalar max, elsewhere greatest)."""
     return func.max(column, value) if dialect == "sqlite" else func.greatest(column, value)
 

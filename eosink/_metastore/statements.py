@@ -10,10 +10,12 @@ parameter may not share a name with a column an UPDATE sets.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from sqlalchemy import BindParameter, Table, bindparam, func, insert, select, update
+from sqlalchemy import BindParameter, Table, bindparam, insert, select, update
 
+from .engine import _greatest
 from .models import EpochRow, SinkRow
 
 SINKS: Table = SinkRow.__table__  # type: ignore[assignment]
@@ -51,28 +53,22 @@ A taken key raises ``IntegrityError``, which ends a PostgreSQL transaction: run 
 savepoint, or use :func:`insert_epoch_if_new`."""
 
 
+@functools.cache
 def insert_epoch_if_new(dialect: str) -> Any | None:
     """A new epoch row unless its key is taken (the transaction goes on: no savepoint, two
     round trips fewer on PostgreSQL), with :func:`inserted` to tell which; None on a
-    dialect without ``ON CONFLICT DO NOTHING`` (SQLite since 3.24, PostgreSQL)."""
-    if dialect not in _IF_NEW:
-        if dialect == "postgresql":
-            from sqlalchemy.dialects import postgresql
+    dialect without ``ON CONFLICT DO NOTHING`` (SQLite since 3.24, PostgreSQL). Built once
+    per dialect."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects import postgresql
 
-            # RETURNING: psycopg's rowcount of this INSERT reaches SQLAlchemy as -1
-            _IF_NEW[dialect] = (
-                postgresql.insert(EPOCHS).on_conflict_do_nothing().returning(EPOCHS.c.epoch)
-            )
-        elif dialect == "sqlite":
-            from sqlalchemy.dialects import sqlite
+        # RETURNING: psycopg's rowcount of this INSERT reaches SQLAlchemy as -1
+        return postgresql.insert(EPOCHS).on_conflict_do_nothing().returning(EPOCHS.c.epoch)
+    if dialect == "sqlite":
+        from sqlalchemy.dialects import sqlite
 
-            _IF_NEW[dialect] = sqlite.insert(EPOCHS).on_conflict_do_nothing()
-        else:
-            _IF_NEW[dialect] = None
-    return _IF_NEW[dialect]
-
-
-_IF_NEW: dict[str, Any] = {}
+        return sqlite.insert(EPOCHS).on_conflict_do_nothing()
+    return None
 
 
 def inserted(result: Any) -> bool:
@@ -89,22 +85,15 @@ TRANSITION = update(EPOCHS).where(
 keys that name columns."""
 
 
+@functools.cache
 def raise_high_water(dialect: str) -> Any:
     """The sink's high-water mark raised to ``b_epoch`` and its committed count + 1 (built
-    once per dialect: SQLite's scalar ``max``, elsewhere ``greatest``)."""
-    try:
-        return _RAISE[dialect]
-    except KeyError:
-        top = func.max if dialect == "sqlite" else func.greatest
-        stmt = (
-            update(SINKS)
-            .where(SINKS.c.sink_id == _SID)
-            .values(
-                high_water=top(SINKS.c.high_water, _EPOCH),
-                committed_epochs=SINKS.c.committed_epochs + 1,
-            )
+    once per dialect: :func:`~.engine._greatest`)."""
+    return (
+        update(SINKS)
+        .where(SINKS.c.sink_id == _SID)
+        .values(
+            high_water=_greatest(dialect, SINKS.c.high_water, _EPOCH),
+            committed_epochs=SINKS.c.committed_epochs + 1,
         )
-        return _RAISE.setdefault(dialect, stmt)
-
-
-_RAISE: dict[str, Any] = {}
+    )
