@@ -62,7 +62,7 @@ def skipped_result(runtime: SinkRuntime, ep: Epoch) -> BatchResult:
 def commit_batch(runtime: SinkRuntime, ep: Epoch, w: Written) -> BatchResult:
     """Phase 1 and the commit of a batch run's written epoch, then :func:`end_batch`. A batch
     run has no Spark checkpoint: the durable PENDING row plays that role."""
-    fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
+    fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer, schema=w.schema)
     ep.commit()
     return end_batch(
         runtime, BatchResult(runtime.sink_id, ep.epoch, w.rows, fig.files, True, figures=fig)

@@ -181,12 +181,12 @@ def _write(
     return _Message(result, rows, epoch)
 
 
-def _written(rt: SinkRuntime, messages: list[Any]) -> Written:
-    """What the data source's tasks wrote, from their commit messages."""
+def _written(rt: SinkRuntime, messages: list[Any], schema: pa.Schema) -> Written:
+    """What the data source's tasks wrote (with ``schema``), from their commit messages."""
     codec = rt.plugin.write_result_codec
     msgs = [m for m in messages if isinstance(m, _Message) and m.result is not None]
     results = [codec.decode(m.result, codec.version) for m in msgs if m.result is not None]
-    return Written(results, sum(m.rows for m in msgs), 0.0, "python")
+    return Written(results, sum(m.rows for m in msgs), 0.0, "python", schema)
 
 
 def _discard_refused(rt: SinkRuntime, epoch: int) -> None:
@@ -197,7 +197,9 @@ def _discard_refused(rt: SinkRuntime, epoch: int) -> None:
         rt.discard(epoch)
 
 
-def _commit_stream_epoch(rt: SinkRuntime, epoch: int, messages: list[Any]) -> None:
+def _commit_stream_epoch(
+    rt: SinkRuntime, epoch: int, messages: list[Any], schema: pa.Schema
+) -> None:
     """A micro-batch's epoch, written by the data source's tasks, decided here (recovery
     first: this front end commits inline), then phase 1 and 2; a replay's output is
     discarded."""
@@ -215,8 +217,8 @@ def _commit_stream_epoch(rt: SinkRuntime, epoch: int, messages: list[Any]) -> No
         )
         ep.discard()
         return
-    w = _written(rt, messages)
-    ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
+    w = _written(rt, messages, schema)
+    ep.prepare(w.results, w.rows, w.seconds, writer=w.writer, schema=w.schema)
     ep.commit()
     # Files that span epochs: what is due by time (this front end has no stop hook: open
     # files roll at a later micro-batch).
@@ -249,7 +251,8 @@ class _BatchWriter(DataSourceArrowWriter):
                 rt.discard(self.epoch)
                 end_batch(rt, BatchResult(rt.sink_id, self.epoch, 0, 0, True, skipped=True))
                 return
-            commit_batch(rt, rt.batch_epoch_decided(self.epoch), _written(rt, messages))
+            ep = rt.batch_epoch_decided(self.epoch)
+            commit_batch(rt, ep, _written(rt, messages, self.schema))
         finally:
             _close(rt)
 
@@ -322,7 +325,7 @@ class _StreamWriter(_StreamBase):
                 # the tasks wrote: its start moved the base above epochs another run took
                 # meanwhile (rule 8), and the tasks staged this micro-batch under the old one.
                 _refuse_moved(rt, batchId, min(written), epoch)
-            _commit_stream_epoch(rt, epoch, messages)
+            _commit_stream_epoch(rt, epoch, messages, self.schema)
         finally:
             _close(rt)
 

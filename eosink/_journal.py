@@ -65,6 +65,9 @@ class Entry:
     batch_end_at: float
     pre_commit_ms: float
     origin: str
+    spec: str | None = None
+    """The stored :class:`~eosink.EpochSpec` (JSON) the epoch was staged with, or None (an
+    entry written before eosink stored specs)."""
 
 
 class Journal:
@@ -177,21 +180,22 @@ class Journal:
         again only the one batch it had not committed), so only the first record of this
         object lists the entries (a listing per epoch costs a LIST on object stores).
         """
-        body = json.dumps(
-            {
-                "sink_id": self.sink_id,
-                "epoch": entry.epoch,
-                "generation": entry.generation,
-                "committable": base64.b64encode(entry.committable).decode(),
-                "codec_version": entry.codec_version,
-                "rows": entry.rows,
-                "files": entry.files,
-                "bytes": entry.bytes,
-                "batch_end_at": entry.batch_end_at,
-                "pre_commit_ms": entry.pre_commit_ms,
-                "origin": entry.origin,
-            }
-        ).encode()
+        fields: dict[str, Any] = {
+            "sink_id": self.sink_id,
+            "epoch": entry.epoch,
+            "generation": entry.generation,
+            "committable": base64.b64encode(entry.committable).decode(),
+            "codec_version": entry.codec_version,
+            "rows": entry.rows,
+            "files": entry.files,
+            "bytes": entry.bytes,
+            "batch_end_at": entry.batch_end_at,
+            "pre_commit_ms": entry.pre_commit_ms,
+            "origin": entry.origin,
+        }
+        if entry.spec is not None:  # (an older eosink reading the entry ignores the key)
+            fields["spec"] = entry.spec
+        body = json.dumps(fields).encode()
         name = f"{entry.epoch:012d}.{entry.generation}.json"
         self.ckpt.write_bytes(f"{self.dir}/pending/{name}", body)
         if self._pruned:
@@ -234,6 +238,7 @@ class Journal:
                         batch_end_at=float(d["batch_end_at"]),
                         pre_commit_ms=float(d["pre_commit_ms"]),
                         origin=str(d["origin"]),
+                        spec=None if d.get("spec") is None else str(d["spec"]),
                     )
                     break
                 except (ValueError, KeyError, TypeError):

@@ -212,6 +212,13 @@ class Capabilities:
             journal.
         spark_writer: :class:`SparkWriter`: Spark's own writers can stage an epoch.
         rolling: :class:`Rolling`: files span epochs and are published by ``roll``.
+        epoch_spec: the coordinator's ``commit`` and ``abort`` take a keyword argument
+            ``spec``: the :class:`~eosink.EpochSpec` the epoch was staged with (its schema
+            and options, without secrets), or None for an epoch persisted without one (by an
+            eosink of schema revision 0005 or older) and in ``abort(epoch, None)`` (nothing
+            was persisted). A sink that must apply
+            a PENDING epoch the way it was staged, whatever options its recovery run is
+            given, reads them there instead of copying its options into each committable.
     """
 
     target_marker: bool = False
@@ -219,12 +226,17 @@ class Capabilities:
     journal_home: bool = False
     spark_writer: bool = False
     rolling: bool = False
+    epoch_spec: bool = False
 
     @staticmethod
     def implemented_by(coordinator: object) -> Capabilities:
         """The capabilities ``coordinator``'s classes implement (the record of a plugin that
-        declares none, which eosink reads this way for one more minor release)."""
-        return Capabilities(**{f: isinstance(coordinator, c) for f, c in _MIXINS.items()})
+        declares none, which eosink reads this way for one more minor release); ``epoch_spec``
+        when its ``commit`` and ``abort`` both take a parameter named ``spec``."""
+        found = {f: isinstance(coordinator, c) for f, c in _MIXINS.items()}
+        methods = (getattr(coordinator, m, None) for m in ("commit", "abort"))
+        spec = all(m is not None and _takes_spec(m, named=True) for m in methods)
+        return Capabilities(**found, epoch_spec=spec)
 
     def check(self, coordinator: object, plugin: str) -> None:
         """Raise unless ``coordinator`` implements every capability declared here.
@@ -239,6 +251,32 @@ class Capabilities:
                     f"coordinator ({type(coordinator).__name__}) does not implement "
                     f"eosink.{cls.__name__}: implement it, or declare {flag}=False"
                 )
+        if self.epoch_spec:
+            for method in ("commit", "abort"):
+                if not _takes_spec(getattr(coordinator, method)):
+                    raise ConfigError(
+                        f"sink plugin {plugin!r} declares capabilities epoch_spec=True, but "
+                        f"its coordinator's {method} ({type(coordinator).__name__}) takes no "
+                        f"keyword argument spec: define {method}(self, epoch, committable, "
+                        "spec=None), or declare epoch_spec=False"
+                    )
+
+
+def _takes_spec(method: Any, named: bool = False) -> bool:
+    """Whether ``method`` takes a keyword argument ``spec`` (``named``: by that name, not
+    only through ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    if "spec" in params:
+        return params["spec"].kind in (
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            inspect.Parameter.KEYWORD_ONLY,
+        )
+    return not named and any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 _MIXINS: dict[str, type] = {

@@ -282,7 +282,7 @@ class StreamBatches:
             keep_figures(live.figures, EpochFigures(ep.epoch, skipped=True))
             return
         w = live.write(batch_df, ep)
-        fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer)
+        fig = ep.prepare(w.results, w.rows, w.seconds, writer=w.writer, schema=w.schema)
         keep_figures(live.figures, fig)
         if committer is None:
             ep.commit()

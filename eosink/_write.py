@@ -43,12 +43,14 @@ _told: set[tuple[str, str]] = set()
 
 @dataclass(frozen=True)
 class Written:
-    """What writing an epoch gave: the write results, rows, seconds, and which path ran."""
+    """What writing an epoch gave: the write results, rows, seconds, which path ran, and the
+    Arrow schema it was written with (persisted in the epoch's spec)."""
 
     results: list[Any]
     rows: int
     seconds: float
     writer: str  # "spark" (native path) or "python"
+    schema: pa.Schema | None = None
 
 
 def writer_kind(
@@ -136,7 +138,7 @@ def write_epoch(
         ) from exc
     finally:
         _untag_jobs(df.sparkSession, tag)
-    return Written(results, rows, time.perf_counter() - t0, kind)
+    return Written(results, rows, time.perf_counter() - t0, kind, schema)
 
 
 #: How long a failed write waits for the other tasks of its Spark jobs to stop.

@@ -17,6 +17,9 @@ ABORTED) and calls the plugin's phase methods in this order::
                coordinator.commit(e, committable) -> CommitOutcome | None  (core marks COMMITTED)
     recovery:  coordinator.commit(e, committable) again, or coordinator.abort(e, committable|None)
 
+(A sink that declares ``Capabilities(epoch_spec=True)`` gets ``spec=``, the
+:class:`EpochSpec` the epoch was staged with, in every ``commit`` and ``abort``.)
+
 A plugin never touches the meta store.
 """
 
@@ -42,6 +45,7 @@ from ._mixins import (
     TargetMarker,
 )
 from ._option_errors import describe_option_errors
+from ._spec import EpochSpec
 from .errors import ConfigError, MissingExtraError
 
 __all__ = [
@@ -49,6 +53,7 @@ __all__ = [
     "Codec",
     "CommitOutcome",
     "CoordinatedSinkWriter",
+    "EpochSpec",
     "JournalHome",
     "JsonCodec",
     "Prepared",
@@ -193,6 +198,12 @@ class SinkCommitCoordinator(ABC, Generic[R, C]):
         * Serialization: committables are encoded by the plugin's committable codec and must be
             enough, alone, to finish the epoch in a new process.
         * Thread safety: the core calls one method at a time.
+        * Staged as persisted: a PENDING epoch may be finished by a later run, given other
+            options. A sink whose commit depends on its options (a mode, key columns, a
+            table) declares ``Capabilities(epoch_spec=True)`` and defines ``commit(self,
+            epoch, committable, spec=None)`` and ``abort(self, epoch, committable,
+            spec=None)``: the core then passes the :class:`EpochSpec` it persisted with the
+            committable (options without secrets, schema) in every call.
     """
 
     def init(self) -> None:

@@ -162,6 +162,23 @@ class SinkConformance:
         self, plugin: SinkPlugin[Any, Any, Any], options: Any
     ) -> SinkCommitCoordinator[Any, Any]:
         c = plugin.coordinator_factory(options, self.sink_id)
+        if plugin.capabilities is not None and plugin.capabilities.epoch_spec:
+            # As the core does: every commit and abort gets the epoch spec (these epochs are
+            # staged with ``options`` and the schema of :meth:`batches`).
+            from ._spec import EpochSpec, persisted_options
+
+            spec = EpochSpec(persisted_options(options), self.batches(0, 1)[0].schema)
+            commit: Any = c.commit
+            abort: Any = c.abort
+
+            def commit_with_spec(e: int, cm: Any, spec: Any = spec) -> Any:
+                return commit(e, cm, spec=spec)
+
+            def abort_with_spec(e: int, cm: Any, spec: Any = spec) -> Any:
+                return abort(e, cm, spec=None if cm is None else spec)
+
+            setattr(c, "commit", commit_with_spec)  # noqa: B010
+            setattr(c, "abort", abort_with_spec)  # noqa: B010
         c.init()
         return c
 

@@ -250,8 +250,9 @@ def _refused(d: Driver, message: str) -> None:
 def test_what_a_downgrade_meets(zygote: Zygote) -> None:
     """An older eosink run on what a newer one left (docs/deploy.md, "Downgrading"): a meta
     store of a newer schema revision, and a PENDING epoch whose committable a newer codec
-    wrote, are refused with an error that says what to do, before anything changes; back on
-    the newer eosink (here: the state as it was), the job finishes exactly once."""
+    wrote, or whose epoch spec a newer eosink wrote, are refused with an error that says
+    what to do, before anything changes; back on the newer eosink (here: the state as it
+    was), the job finishes exactly once."""
     name = "file-stream-checkpointed"
     vdir = _version_dir()
     with _restored_place(name) as place:
@@ -260,11 +261,18 @@ def test_what_a_downgrade_meets(zygote: Zygote) -> None:
         _refused(d, "has schema revision 9999, newer than this eosink")
         from eosink._metastore.migrations import head_revision
 
-        _execute(d.url, f"UPDATE alembic_version SET version_num = '{head_revision()}'")
+        made = json.loads((vdir / "MANIFEST.json").read_text())["revision"]
+        _execute(d.url, f"UPDATE alembic_version SET version_num = '{made}'")
+        if made != head_revision():
+            _upgrade(d.url)
         _execute(d.url, "UPDATE pending_sink_state SET codec_version = 7 WHERE status = 'PENDING'")
         _refused(d, "was staged by a newer eosink: its committable has version 7")
         assert "Run the job with the eosink (and sink plugin) version that staged it" in d.log
         _execute(d.url, "UPDATE pending_sink_state SET codec_version = 1")
+        newer = '{"v": 2, "options": {}, "schema": null}'
+        _execute(d.url, f"UPDATE pending_sink_state SET spec = '{newer}' WHERE status = 'PENDING'")
+        _refused(d, "was staged by a newer eosink: its epoch spec has version 2")
+        _execute(d.url, "UPDATE pending_sink_state SET spec = NULL")
         d.finish()
         d.check()
 

@@ -404,12 +404,14 @@ def test_postgres_outage_mid_stream(
         commit = SqlCoordinator.commit
         outage: list[float] = []
 
-        def commit_across_an_outage(self: Any, epoch: int, committable: Any) -> None:
+        def commit_across_an_outage(
+            self: Any, epoch: int, committable: Any, spec: Any = None
+        ) -> None:
             if epoch == 1 and not outage:
                 outage.append(time.time())
                 pg.pause()
                 threading.Timer(4, lambda: (pg.resume(), outage.append(time.time()))).start()
-            commit(self, epoch, committable)
+            commit(self, epoch, committable, spec)
 
         monkeypatch.setattr(SqlCoordinator, "commit", commit_across_an_outage)
         h = start()

@@ -43,6 +43,7 @@ class EpochOps(StoreBase):
             committed_at=row.committed_at,
             origin=row.origin,
             created_at=row.created_at,
+            spec=row.spec,
         )
 
     def epoch(self, sink_id: str, epoch: int) -> EpochRecord | None:
@@ -90,10 +91,12 @@ class EpochOps(StoreBase):
         batch_end_at: float,
         pre_commit_ms: float,
         origin: str | None = None,
+        spec: str | None = None,
     ) -> None:
         """(none) -> PENDING. Once this returns, the epoch can be finished from the row alone.
 
-        ``origin`` is ``"batch"`` or the streaming lineage writing the epoch.
+        ``origin`` is ``"batch"`` or the streaming lineage writing the epoch; ``spec`` the
+        stored :class:`~eosink.EpochSpec` it was staged with.
         """
 
         def run(attempt: int) -> None:
@@ -113,6 +116,7 @@ class EpochOps(StoreBase):
                     "batch_end_at": batch_end_at,
                     "pre_commit_ms": pre_commit_ms,
                     "origin": origin,
+                    "spec": spec,
                     "created_at": now,
                     "updated_at": now,
                 }

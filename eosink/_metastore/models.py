@@ -60,6 +60,8 @@ class EpochRow(Base):
     origin: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[float] = mapped_column(Float)
+    spec: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The :class:`~eosink.EpochSpec` the epoch was staged with (its JSON), or NULL."""
 
 
 class LossRow(Base):

@@ -98,3 +98,5 @@ class EpochRecord:
     origin: str | None = None
     created_at: float | None = None
     """When the row was created: the epoch's PENDING time."""
+    spec: str | None = None
+    """The stored :class:`~eosink.EpochSpec` (JSON) the epoch was staged with, or None."""

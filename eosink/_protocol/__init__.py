@@ -6,8 +6,9 @@ fenced :class:`~eosink._metastore.MetaStore`.
 
 from __future__ import annotations
 
+from .._spec import schema_bytes, schema_from_bytes
 from .epoch import Epoch
-from .figures import FIGURES_KEPT, EpochFigures, schema_bytes, schema_from_bytes
+from .figures import FIGURES_KEPT, EpochFigures
 from .runtime import SinkRuntime
 from .threads import AsyncCommitter, Heartbeat
 

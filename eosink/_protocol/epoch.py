@@ -39,6 +39,7 @@ class Epoch:
         recovered: a crashed run's PENDING epoch (complete data) was committed instead.
         figures: the epoch's figures once prepared (or recovered).
         committable: once prepared.
+        schema: the Arrow schema given to :meth:`setup` (what the epoch is staged with).
     """
 
     runtime: _Phases
@@ -47,6 +48,7 @@ class Epoch:
     recovered: bool = False
     figures: EpochFigures | None = None
     committable: Any = None
+    schema: pa.Schema | None = None
 
     @property
     def skipped(self) -> bool:
@@ -55,15 +57,25 @@ class Epoch:
 
     def setup(self, schema: pa.Schema) -> Any:
         """The coordinator's ``writer_setup`` for this epoch's schema."""
+        self.schema = schema
         return self.runtime.coordinator.writer_setup(schema)
 
     def prepare(
-        self, results: Sequence[Any], rows: int, write_s: float, *, writer: str = "python"
+        self,
+        results: Sequence[Any],
+        rows: int,
+        write_s: float,
+        *,
+        writer: str = "python",
+        schema: pa.Schema | None = None,
     ) -> EpochFigures:
-        """Phase 1: the coordinator's ``pre_commit``, persisted PENDING."""
+        """Phase 1: the coordinator's ``pre_commit``, persisted PENDING (with the epoch spec:
+        ``schema``, else the one given to :meth:`setup`)."""
         assert self.decision == WRITE, f"epoch {self.epoch} is not to be written"
+        if schema is not None:
+            self.schema = schema
         self.committable, self.figures = self.runtime.pre_commit(
-            self.epoch, results, rows=rows, write_s=write_s, writer=writer
+            self.epoch, results, rows=rows, write_s=write_s, writer=writer, schema=self.schema
         )
         return self.figures
 

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import io
 from dataclasses import asdict, dataclass
 from typing import Any
-
-import pyarrow as pa
 
 FIGURES_KEPT = 1000
 """Epochs whose :class:`EpochFigures` a driver keeps in memory (the newest ones): a runtime's
@@ -62,14 +59,3 @@ class EpochFigures:
         d = asdict(self)
         d["visibility_lag_s"] = self.visibility_lag_s
         return d
-
-
-def schema_bytes(schema: pa.Schema) -> bytes:
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, schema):
-        pass
-    return sink.getvalue()
-
-
-def schema_from_bytes(data: bytes) -> pa.Schema:
-    return pa.ipc.open_stream(data).schema

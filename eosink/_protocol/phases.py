@@ -10,6 +10,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow as pa
+
 from .. import _metrics
 from .._journal import Entry, Journal
 from .._metastore import (
@@ -20,6 +22,7 @@ from .._metastore import (
     PENDING,
 )
 from .._rules import after_commit_attempt
+from .._spec import EpochSpec
 from .._transient import classify_error
 from ..errors import (
     CommitFailedError,
@@ -38,6 +41,13 @@ from .state import _State
 log = logging.getLogger("eosink")
 
 
+class _Live:
+    """The default of :meth:`_Phases.commit_epoch`'s ``spec``: the epoch this run staged."""
+
+
+LIVE = _Live()
+
+
 class _Phases(_State):
     """Phase 1 (``pre_commit``, persisted PENDING) and phase 2 (``commit``, retried while the one"""
 
@@ -47,6 +57,7 @@ class _Phases(_State):
         assert rec is not None and rec.status == PENDING and rec.committable is not None
         log.info("sink %s epoch %d: finishing the commit of a crashed run", self.sink_id, epoch)
         c = _committable(self.plugin, self.sink_id, rec)
+        spec = self.spec_of(rec.spec, epoch)
         _metrics.epoch_pending(self.sink_id, self.plugin.name, epoch, rec.created_at)
         fig = EpochFigures(
             rec.epoch,
@@ -56,7 +67,7 @@ class _Phases(_State):
             batch_end_at=rec.batch_end_at or 0.0,
             pre_commit_ms=rec.pre_commit_ms or 0.0,
         )
-        self.commit_epoch(epoch, c, fig)
+        self.commit_epoch(epoch, c, fig, spec)
         return fig
 
     def _discard_refused(self, epoch: int) -> None:
@@ -79,11 +90,14 @@ class _Phases(_State):
         """Delete what was staged for ``epoch`` (no committable): failed writers, a skip."""
         self._abort(epoch, None)
 
-    def _abort(self, epoch: int, committable: Any) -> bool:
+    def _abort(self, epoch: int, committable: Any, spec: EpochSpec | None = None) -> bool:
         """Call the plugin's abort; False (row stays ABORTED, retried next start) if it raised."""
         self.assert_live()
         try:
-            self.coordinator.abort(epoch, committable)
+            if self.caps.epoch_spec:
+                self.coordinator.abort(epoch, committable, spec=spec)  # type: ignore[call-arg]
+            else:
+                self.coordinator.abort(epoch, committable)
             return True
         except Exception:
             log.exception(
@@ -115,8 +129,10 @@ class _Phases(_State):
         rows: int,
         write_s: float,
         writer: str = "python",
+        schema: pa.Schema | None = None,
     ) -> tuple[Any, EpochFigures]:
-        """Phase 1: build the committable and persist PENDING."""
+        """Phase 1: build the committable and persist PENDING, with the epoch's spec (the
+        options of this run, ``schema``)."""
         fault_point("after_write_results")
         t0 = time.perf_counter()
         try:
@@ -131,6 +147,7 @@ class _Phases(_State):
             committable = prepared.committable
             files, nbytes = prepared.files, prepared.bytes
             data = self.plugin.committable_codec.encode(committable)
+            spec, spec_text = self.epoch_spec(schema)
         except Exception:
             # Refused in phase 1 (a check of the plugin's, a codec error): nothing is
             # PENDING, so the epoch's staged data will never have a committable. Delete it
@@ -163,6 +180,7 @@ class _Phases(_State):
             batch_end_at=batch_end,
             pre_commit_ms=pre_ms,
             origin=origin,
+            spec=spec_text,
         )
         _record_all([j for j in journals if j is not None], entry)
         self.store.persist_pending(
@@ -177,6 +195,7 @@ class _Phases(_State):
             batch_end_at=batch_end,
             pre_commit_ms=pre_ms,
             origin=origin,
+            spec=spec_text,
         )
         _metrics.epoch_pending(self.sink_id, self.plugin.name, epoch)
         fig = EpochFigures(
@@ -210,6 +229,9 @@ class _Phases(_State):
             else "",
         )
         fault_point("after_persist")
+        self._staged_specs[epoch] = spec
+        while len(self._staged_specs) > FIGURES_KEPT:
+            del self._staged_specs[next(iter(self._staged_specs))]
         return committable, fig
 
     def _keep_figures(self, epoch: int, fig: EpochFigures) -> None:
@@ -220,14 +242,19 @@ class _Phases(_State):
         while len(self.figures) > FIGURES_KEPT:
             del self.figures[next(iter(self.figures))]
 
-    def _attempt_commit(self, epoch: int, committable: Any) -> CommitOutcome:
+    def _attempt_commit(
+        self, epoch: int, committable: Any, spec: EpochSpec | None = None
+    ) -> CommitOutcome:
         """One call of the plugin's ``commit``, its outcome explicit: what it returned (None,
         or a value that is no :class:`CommitOutcome`, as plugins written before outcomes
         return: ``done``), or what it raised (``retry_later`` when the one transient-error
         rule calls it transient: ``commit`` is idempotent by contract, so whoever raised
         it, it is retried; else ``failed``). A :class:`FencedError` propagates."""
         try:
-            got = self.coordinator.commit(epoch, committable)
+            if self.caps.epoch_spec:
+                got = self.coordinator.commit(epoch, committable, spec=spec)  # type: ignore[call-arg]
+            else:
+                got = self.coordinator.commit(epoch, committable)
         except FencedError:
             raise
         except Exception as exc:
@@ -250,8 +277,19 @@ class _Phases(_State):
             )
         return SinkError(f"{what}: commit failed for good: {outcome.reason}")
 
-    def commit_epoch(self, epoch: int, committable: Any, fig: EpochFigures | None = None) -> None:
-        """Phase 2: commit (retried with backoff while transient) and mark COMMITTED."""
+    def commit_epoch(
+        self,
+        epoch: int,
+        committable: Any,
+        fig: EpochFigures | None = None,
+        spec: EpochSpec | _Live | None = LIVE,
+    ) -> None:
+        """Phase 2: commit (retried with backoff while transient) and mark COMMITTED.
+
+        ``spec`` is what the epoch was staged with (None: persisted without one); by default
+        the one this runtime's :meth:`pre_commit` persisted for ``epoch``."""
+        if isinstance(spec, _Live):
+            spec = self._staged_specs.pop(epoch, None)
         fig = fig or self.figures.get(epoch) or EpochFigures(epoch)
         fault_point("before_commit")
         self.assert_live()
@@ -259,7 +297,7 @@ class _Phases(_State):
         delay = 0.05
         first_failure: float | None = None
         while True:
-            outcome = self._attempt_commit(epoch, committable)
+            outcome = self._attempt_commit(epoch, committable, spec)
             now = time.monotonic()
             step = after_commit_attempt(outcome.kind, first_failure, now, self.commit_retry_max_s)
             if step == "committed":

@@ -121,8 +121,9 @@ class _Recovery(_Phases):
     def _finish_aborted(self, rec: Any) -> bool:
         """Abort an ABORTED epoch's staged data and delete its row; False if the abort raised."""
         c = _committable(self.plugin, self.sink_id, rec) if rec.committable is not None else None
+        spec = self.spec_of(rec.spec, rec.epoch) if c is not None else None
         fault_point("recovery_before_abort")
-        if self._abort(rec.epoch, c):
+        if self._abort(rec.epoch, c, spec):
             target = self.target_journal()
             if target is not None:
                 # Before the row goes: an entry left behind would be taken for a PENDING

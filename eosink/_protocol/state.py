@@ -7,6 +7,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import pyarrow as pa
+
 from .. import _metrics
 from .._checkpoint import CheckpointDir
 from .._journal import Entry, Journal
@@ -21,6 +23,7 @@ from .._mixins import capabilities_of
 from .._rules import (
     target_entries_to_take,
 )
+from .._spec import EpochSpec, persisted_options
 from ..errors import (
     FencedError,
     SinkIdentityError,
@@ -80,6 +83,11 @@ class _State:
     run_id: str | None = field(init=False, default=None)
     """The ``eosink.run`` call this coordinator serves, recorded with its journal claims."""
     _since_gc: int = field(init=False, default=0)
+    _spec: tuple[Any, EpochSpec, str] | None = field(init=False, default=None)
+    _staged_specs: dict[int, EpochSpec] = field(init=False, default_factory=dict)
+    """The specs of the epochs this run prepared and has not committed yet."""
+    """The last epoch spec built (schema, spec, stored form): options do not change within
+    a run, and a stream's schema seldom does."""
     _marker: dict[str, Any] | None = field(init=False, default=None)
     _heartbeat: Heartbeat | None = field(init=False, default=None)
     _imported: bool = field(init=False, default=False)
@@ -256,6 +264,29 @@ class _State:
             cast(TargetMarker, self.coordinator).write_marker(want)
             self._marker = want
 
+    def epoch_spec(self, schema: pa.Schema | None) -> tuple[EpochSpec, str]:
+        """The spec of an epoch this run stages with ``schema``, and its stored form."""
+        cached = self._spec
+        if cached is not None and (
+            cached[0] is schema
+            or (schema is not None and cached[0] is not None and cached[0].equals(schema))
+        ):
+            return cached[1], cached[2]
+        spec = EpochSpec(options=persisted_options(self.options), schema=schema)
+        text = spec.encode()
+        self._spec = (schema, spec, text)
+        return spec, text
+
+    def spec_of(self, stored: str | None, epoch: int) -> EpochSpec | None:
+        """A persisted epoch's spec (None: persisted without one).
+
+        Raises:
+            SchemaOutdatedError: a newer eosink wrote it.
+        """
+        if stored is None:
+            return None
+        return EpochSpec.decode(stored, f"sink {self.sink_id} epoch {epoch}")
+
     def _persist_entry(self, ent: Entry) -> None:
         """Persist a journal entry PENDING in the meta store (as its run had)."""
         self.store.persist_pending(
@@ -270,6 +301,7 @@ class _State:
             batch_end_at=ent.batch_end_at,
             pre_commit_ms=ent.pre_commit_ms,
             origin=ent.origin,
+            spec=ent.spec,
         )
 
     def roll(self, everything: bool) -> int:

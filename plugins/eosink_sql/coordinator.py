@@ -33,6 +33,7 @@ import pyarrow as pa
 from eosink import (
     CommitOutcome,
     ConfigError,
+    EpochSpec,
     Prepared,
     SchemaMismatchError,
     SinkCommitCoordinator,
@@ -101,7 +102,7 @@ def describe_open(
     for epoch in sorted(pending):
         c = pending[epoch]
         tables = list(c.get("tables") or [])
-        target = c["spec"]["table"]
+        target = c["table"] if "table" in c else c["spec"]["table"]  # (codec version 1)
         hold = hold_name(key, epoch)
         out.append(
             {
@@ -305,9 +306,9 @@ class SqlCoordinator(
         return str(t.compile(dialect=self.db.engine.dialect))
 
     # -- phase 1 -----------------------------------------------------------------------
-    def _spec(self) -> dict[str, Any]:
-        """How the epoch is applied, fixed in its committable: a PENDING epoch is committed
-        the way it was staged, whatever options a later run (its recovery) is given."""
+    def _how(self) -> dict[str, Any]:
+        """How an epoch staged by this run is applied (phase 1 tries it): from the options
+        this run was given."""
         return {
             "table": self.opts.table,
             "mode": self.opts.mode,
@@ -329,7 +330,13 @@ class SqlCoordinator(
         tables = sorted(r["table"] for r in results if int(r["rows"]))
         rows = sum(int(r["rows"]) for r in results)
         counts = {r["table"]: int(r["rows"]) for r in results if int(r["rows"])}
-        committable = {"tables": tables, "rows": rows, "counts": counts, "spec": self._spec()}
+        committable = {
+            "tables": tables,
+            "rows": rows,
+            "counts": counts,
+            "table": self.opts.table,
+            "columns": list(self._data_columns),
+        }
         db = self.db
         try:
             with db.engine.connect() as conn:
@@ -351,14 +358,14 @@ class SqlCoordinator(
                         )
                 if tables and not self._data_columns:
                     self._data_columns = self._staged_data_columns(conn, tables[0])
-                    committable["spec"] = self._spec()
+                    committable["columns"] = list(self._data_columns)
                 if tables and self.opts.keys:
                     self._check_repeats(conn, epoch, tables)
             if tables:
                 if db.pg:
-                    self._hold(epoch, committable)
+                    self._hold(epoch, committable, self._how())
                 else:
-                    self._trial(epoch, committable)
+                    self._trial(epoch, committable, self._how())
         except SinkError:
             raise
         except Exception as exc:
@@ -377,25 +384,25 @@ class SqlCoordinator(
         target = self._target_columns(conn) or {}
         return [n for n in staged if n in target and n != self.opts.op_column]
 
-    def _trial(self, epoch: int, committable: dict[str, Any]) -> None:
+    def _trial(self, epoch: int, committable: dict[str, Any], how: dict[str, Any]) -> None:
         from sqlalchemy import exc as sa_exc
 
         conn = self.db.engine.connect()
         try:
             tx = conn.begin()
             try:
-                self._apply(conn, epoch, committable)
+                self._apply(conn, epoch, committable, how)
             except sa_exc.DBAPIError as exc:
-                raise self._refused(epoch, committable, exc) from None
+                raise self._refused(epoch, how, exc) from None
             finally:
                 tx.rollback()
         finally:
             conn.close()
 
-    def _refused(self, epoch: int, committable: dict[str, Any], exc: BaseException) -> SinkError:
+    def _refused(self, epoch: int, how: dict[str, Any], exc: BaseException) -> SinkError:
         """Phase 1's error when the target refuses the epoch's statements."""
         return self.db.error(
-            f"epoch {epoch} is refused by table {committable['spec']['table']} (its "
+            f"epoch {epoch} is refused by table {how['table']} (its "
             "statements were tried and rolled back; nothing was written)",
             exc,
         )
@@ -403,7 +410,7 @@ class SqlCoordinator(
     def _hold_name(self, epoch: int) -> str:
         return hold_name(self.key, epoch)
 
-    def _hold(self, epoch: int, committable: dict[str, Any]) -> None:
+    def _hold(self, epoch: int, committable: dict[str, Any], how: dict[str, Any]) -> None:
         """Run the epoch's statements in a transaction kept open for :meth:`commit`."""
         from sqlalchemy import exc as sa_exc
         from sqlalchemy import text
@@ -420,12 +427,12 @@ class SqlCoordinator(
                 ),
                 {"n": self._hold_name(epoch), "t": f"{HOLD_S}s"},
             )
-            self._apply(conn, epoch, committable)
+            self._apply(conn, epoch, committable, how)
             conn.execute(text("SET CONSTRAINTS ALL IMMEDIATE"))  # deferred ones: now
         except sa_exc.DBAPIError as exc:
             tx.rollback()
             conn.close()
-            raise self._refused(epoch, committable, exc) from None
+            raise self._refused(epoch, how, exc) from None
         except BaseException:
             tx.rollback()
             conn.close()
@@ -514,11 +521,13 @@ class SqlCoordinator(
         return " UNION ALL ".join(f"SELECT {c} FROM {self.db.staging(t)}" for t in tables)
 
     # -- phase 2 -----------------------------------------------------------------------
-    def commit(self, epoch: int, committable: dict[str, Any]) -> CommitOutcome | None:
+    def commit(
+        self, epoch: int, committable: dict[str, Any], spec: EpochSpec | None = None
+    ) -> CommitOutcome | None:
         """One transaction: the rows, the epoch's row in ``sql_epochs``, the staging tables
         dropped. Idempotent by the epoch's row (``already_committed`` when it is there).
-        Applied as the committable's ``spec`` says (the options the epoch was staged
-        with)."""
+        Applied as the epoch was staged (:meth:`_staged_how`: the epoch spec's options),
+        whatever options this run was given."""
         from sqlalchemy import exc as sa_exc
 
         db = self.db
@@ -540,7 +549,9 @@ class SqlCoordinator(
                             "recorded loss)"
                         )
                     self._check_counts(conn, epoch, committable)
-                    self._apply(conn, epoch, committable)
+                    self._apply(
+                        conn, epoch, committable, self._staged_how(epoch, committable, spec)
+                    )
                     fault_point("mid_commit", site="fresh")
                     self._epoch_row(conn, epoch, committable)
                 self._drop(conn, epoch)
@@ -634,14 +645,47 @@ class SqlCoordinator(
         ).first()
         return row is not None
 
-    def _apply(self, conn: Any, epoch: int, committable: dict[str, Any]) -> None:
-        """The epoch's statements (no commit): append, or deletes then upserts."""
+    @staticmethod
+    def _staged_how(
+        epoch: int, committable: dict[str, Any], spec: EpochSpec | None
+    ) -> dict[str, Any]:
+        """How a persisted epoch is applied: the mode, keys, order and deletes of the options
+        it was staged with (its :class:`~eosink.EpochSpec`), the table and columns of its
+        committable; a committable of codec version 1 carries its own copy.
+
+        Raises:
+            SinkError: a committable of version 2 without its spec (not persisted by eosink).
+        """
+        if "spec" in committable:
+            return dict(committable["spec"])
+        if spec is None:
+            raise SinkError(
+                f"sql sink epoch {epoch}: its committable came without the epoch spec it was "
+                "staged with (the core passes it to a sink that declares epoch_spec); "
+                "cannot tell its mode and keys"
+            )
+        o = spec.options
+        return {
+            "table": committable["table"],
+            "mode": o["mode"],
+            "keys": list(o.get("keys") or []),
+            "order_by": o.get("order_by"),
+            "op_column": o.get("op_column"),
+            "delete_ops": list(o.get("delete_ops") or []),
+            "columns": list(committable["columns"]),
+        }
+
+    def _apply(
+        self, conn: Any, epoch: int, committable: dict[str, Any], how: dict[str, Any]
+    ) -> None:
+        """The epoch's statements (no commit): append, or deletes then upserts, as ``how``
+        says."""
         from sqlalchemy import text
 
         tables = list(committable["tables"])
         if not tables:
             return
-        spec = committable["spec"]
+        spec = how
         db = self.db
         cols = list(spec["columns"])
         target = db.target_of(spec["table"])
@@ -701,7 +745,9 @@ class SqlCoordinator(
         for name in names:
             conn.execute(text(f"DROP TABLE IF EXISTS {self.db.staging(name)}"))
 
-    def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
+    def abort(
+        self, epoch: int, committable: dict[str, Any] | None, spec: EpochSpec | None = None
+    ) -> None:
         """Drop every staging table of the epoch (all attempts), one at a time."""
         from sqlalchemy import text
 

@@ -36,7 +36,8 @@ SINK: SinkPlugin[SqlSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     writer_factory=make_writer,
     coordinator_factory=make_coordinator,
     write_result_codec=JsonCodec[dict[str, Any]](version=1),
-    committable_codec=JsonCodec[dict[str, Any]](version=1),
+    # 2: the mode, keys, order and deletes come from the core's epoch spec (1 carried them)
+    committable_codec=JsonCodec[dict[str, Any]](version=2),
     default_sink_id=_default_sink_id,
     validate_schema=validate_schema,
     description="PostgreSQL (and SQLite) tables: appends, upserts and CDC deletes, one "
@@ -45,7 +46,7 @@ SINK: SinkPlugin[SqlSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     requires={},
     path_options=("url",),  # a SQLite database's file
     describe_open=describe_open,
-    capabilities=eosink.Capabilities(target_marker=True, staged_epochs=True),
+    capabilities=eosink.Capabilities(target_marker=True, staged_epochs=True, epoch_spec=True),
 )
 
 
