@@ -61,7 +61,7 @@ class EpochSpec:
 
     @staticmethod
     def decode(text: str, what: str = "an epoch") -> EpochSpec:
-        """Rebuild a spec from :meth:`encode`'s text (any version up to :data:`SPEC_VERSION`).
+        """Rebuild a spec from :meth:`encode`'s text (any version up to this eosink's).
 
         Raises:
             SchemaOutdatedError: a newer eosink wrote it (after a downgrade); ``what`` names
