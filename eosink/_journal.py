@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -294,3 +295,29 @@ class Journal:
         """The newest committed batch epoch recorded, or -1."""
         names = self.ckpt.list_names(f"{self.dir}/committed")
         return max((int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()), default=-1)
+
+
+def record_all(journals: list[Journal], entry: Entry) -> None:
+    """Record ``entry`` in every journal, durably, before the epoch's PENDING row. A stream
+    of a sink with a journal beside its target has two: their writes (each waits on a sync
+    to disk, or on an object store's answer) run side by side. Raises the first one's error
+    after both ended (an entry of an epoch that is never persisted is harmless: recovery
+    never finds it PENDING, and the next record of the epoch replaces it)."""
+    if len(journals) < 2:
+        for journal in journals:
+            journal.record(entry)
+        return
+    errors: list[BaseException] = []
+
+    def record(journal: Journal) -> None:
+        try:
+            journal.record(entry)
+        except BaseException as exc:  # re-raised by the caller's thread
+            errors.append(exc)
+
+    helper = threading.Thread(target=record, args=(journals[1],), name="eosink-journal")
+    helper.start()
+    record(journals[0])
+    helper.join()
+    if errors:
+        raise errors[0]

@@ -163,10 +163,12 @@ def sweep_staged(
 def discard_failed_micro_batch(status: str | None) -> bool:
     """Rule 4 for a ``format("eosink")`` micro-batch that Spark aborted (a task failed for
     good): whether an epoch its tasks wrote is discarded now, from its record's ``status``
-    (None: no record). Only an epoch without a record: a PENDING epoch's staged data is its
-    committable's (rule 1 or 2 decides it), an ABORTED one's is deleted by rule 3, and a
-    COMMITTED one is left to its run."""
-    return status is None
+    (None: no record). An epoch without a record, or COMMITTED (the micro-batch was a replay
+    of a committed epoch): its output has no committable, and no later start deletes staged
+    data under a committed epoch (``abort(e, None)`` deletes only what no commit published,
+    as for a replay's output discarded at its commit). A PENDING epoch's staged data is its
+    committable's (rule 1 or 2 decides it), an ABORTED one's is deleted by rule 3."""
+    return status in (None, COMMITTED)
 
 
 def discard_refused_micro_batch(status: str | None) -> bool:

@@ -473,9 +473,9 @@ def test_after_commit_attempt_over_every_outcome() -> None:
 def test_micro_batch_discards_over_every_status() -> None:
     """A ``format("eosink")`` micro-batch's staged output, over every status of its epoch's
     record: a PENDING epoch's data (its committable's) and an ABORTED one's (rule 3's) are
-    never discarded by the front end; data without a record always is; an epoch another
-    run COMMITTED is discarded when the micro-batch was refused (nothing else would ever
-    delete it)."""
+    never discarded by the front end; data without a record always is, and so is the output
+    of a micro-batch whose epoch is COMMITTED (another run's, or a replay's: nothing else
+    would ever delete it)."""
     from eosink._rules import discard_failed_micro_batch, discard_refused_micro_batch
 
     for status in (None, "PENDING", "COMMITTED", "ABORTED"):
@@ -486,3 +486,4 @@ def test_micro_batch_discards_over_every_status() -> None:
             if status is None:
                 assert got, (decide.__name__, status)
         assert discard_refused_micro_batch("COMMITTED")
+        assert discard_failed_micro_batch("COMMITTED")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import _metrics
-from .._journal import Entry, Journal
+from .._journal import Entry, record_all
 from .._metastore import (
     BATCH_AUTO,
     BATCH_AUTO_UNREPORTED,
@@ -182,7 +181,7 @@ class _Phases(_State):
             origin=origin,
             spec=spec_text,
         )
-        _record_all([j for j in journals if j is not None], entry)
+        record_all([j for j in journals if j is not None], entry)
         self.store.persist_pending(
             self.sink_id,
             self.generation,
@@ -397,29 +396,3 @@ class _Phases(_State):
             n = self.store.gc(self.sink_id, self.generation, self.gc_keep)
             if n:
                 log.debug("sink %s: garbage-collected %d committed epochs", self.sink_id, n)
-
-
-def _record_all(journals: list[Journal], entry: Entry) -> None:
-    """Record ``entry`` in every journal, durably, before the epoch's PENDING row. A stream
-    of a sink with a journal beside its target has two: their writes (each waits on a sync
-    to disk, or on an object store's answer) run side by side. Raises the first one's error
-    after both ended (an entry of an epoch that is never persisted is harmless: recovery
-    never finds it PENDING, and the next record of the epoch replaces it)."""
-    if len(journals) < 2:
-        for journal in journals:
-            journal.record(entry)
-        return
-    errors: list[BaseException] = []
-
-    def record(journal: Journal) -> None:
-        try:
-            journal.record(entry)
-        except BaseException as exc:  # re-raised by the caller's thread
-            errors.append(exc)
-
-    helper = threading.Thread(target=record, args=(journals[1],), name="eosink-journal")
-    helper.start()
-    record(journals[0])
-    helper.join()
-    if errors:
-        raise errors[0]
