@@ -196,6 +196,9 @@ class _Phases(_State):
             origin=origin,
             spec=spec_text,
         )
+        self._staged_specs[epoch] = spec  # what commit_epoch hands the plugin by default
+        while len(self._staged_specs) > FIGURES_KEPT:
+            del self._staged_specs[next(iter(self._staged_specs))]
         _metrics.epoch_pending(self.sink_id, self.plugin.name, epoch)
         fig = EpochFigures(
             epoch,
@@ -228,9 +231,6 @@ class _Phases(_State):
             else "",
         )
         fault_point("after_persist")
-        self._staged_specs[epoch] = spec
-        while len(self._staged_specs) > FIGURES_KEPT:
-            del self._staged_specs[next(iter(self._staged_specs))]
         return committable, fig
 
     def _keep_figures(self, epoch: int, fig: EpochFigures) -> None:
