@@ -207,3 +207,28 @@ def test_driver_killed_mid_commit_on_hdfs(hdfs: MiniDFS, tmp_path: Path) -> None
     assert _ids(hdfs, rel, tmp_path / "copy") == expected
     assert [f for f in hdfs.files(rel) if f.startswith("_eosink_staging/")] == []
     assert set(epoch_states(job.metastore, f"file:{url}")) == {"COMMITTED"}
+
+
+def test_driver_moves_on_hdfs(hdfs: MiniDFS, tmp_path: Path) -> None:
+    """The file sink on HDFS, each driver on a new machine with a meta store of its own
+    (empty): killed with epoch 1 PENDING, then inside the commit that the next machine's
+    recovery runs (after its first rename on HDFS), then run to the end on a third. Only the
+    checkpoint's journal and the sink's marker on HDFS carry the sink from machine to
+    machine: every id once, nothing staged left on HDFS."""
+    from test_driver_moves import check_states, moving_chain
+
+    rel = f"moves-{tmp_path.name}"
+    url = f"{hdfs.url}/{rel}"
+    job = Job(
+        tmp_path,
+        "stream",
+        "default",
+        sink_options={"path": url, "sink_id": f"file:{url}"},
+        partition_by="grp",
+    )
+    expected = make_input(job.input, files=4, rows=50)  # a micro-batch a file
+    moving_chain(job, ["after_persist@2", "mid_commit@1"])
+    assert _ids(hdfs, rel, tmp_path / "copy") == expected
+    assert [f for f in hdfs.files(rel) if f.startswith("_eosink_staging/")] == []
+    assert any(f.startswith("_eosink/") for f in hdfs.files(rel)), "no marker on HDFS"
+    check_states(job)

@@ -150,11 +150,16 @@ def _sql_epoch(
         rt.store.close()
 
 
-def test_a_pending_epoch_is_committed_with_the_spec_it_was_staged_with(tmp_path: Path) -> None:
+def test_a_pending_epoch_is_committed_with_the_spec_it_was_staged_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """An upsert epoch left PENDING (its run died), then a run of the same sink as an append:
     its recovery commits epoch 1 as the upsert it was staged as (the spec the core persisted,
     not this run's options), then appends epoch 2. The stored spec has the options without the
-    database URL (a ``SecretStr``: it may hold a password) and the staged schema."""
+    database URL (a ``SecretStr``: it may hold a password) and the staged schema; ``eosink
+    status --json`` shows it (``staged_with``)."""
+    from harness import status_json
+
     url = f"sqlite:///{tmp_path / 'target.db'}"
     store = f"sqlite:///{tmp_path / 'meta.db'}"
     con = sqlite3.connect(tmp_path / "target.db")
@@ -174,6 +179,10 @@ def test_a_pending_epoch_is_committed_with_the_spec_it_was_staged_with(tmp_path:
     assert spec.options["table"] == "t" and "url" not in spec.options
     assert "target.db" not in stored
     assert spec.schema is not None and spec.schema.names == ["id", "v"]
+    [pending] = status_json(store, capsys)["pending"]
+    shown = pending["staged_with"]
+    assert shown["options"]["mode"] == "upsert" and "url" not in shown["options"]
+    assert shown["schema"] == ["id: int64", "v: string"]
     _sql_epoch(store, url, 2, [(3, "c")], commit=True)  # mode append (the default)
     con = sqlite3.connect(tmp_path / "target.db")
     assert con.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [

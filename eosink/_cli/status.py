@@ -57,6 +57,7 @@ def collect(store: Any, sink_id: str | None, recent: int) -> list[dict[str, Any]
                         "rows": r.rows,
                         "files": r.files,
                         "pending_since": iso(r.created_at, MS),
+                        "staged_with": staged_with(r.spec),
                     }
                     for r in pending_rows
                 ],
@@ -207,6 +208,21 @@ def cmd_status(args: argparse.Namespace) -> int:
                 ).replace("\n", "\n  ")
             )
     return 0
+
+
+def staged_with(stored: str | None) -> dict[str, Any] | None:
+    """A PENDING epoch's epoch spec for people: the options it was staged with (no secrets)
+    and its schema as ``name: type`` strings; None when it has none (or it cannot be read)."""
+    if stored is None:
+        return None
+    from .._spec import EpochSpec
+
+    try:
+        spec = EpochSpec.decode(stored)
+    except Exception:  # a newer eosink's: status still shows the rest
+        return None
+    schema = None if spec.schema is None else [f"{f.name}: {f.type}" for f in spec.schema]
+    return {"options": dict(spec.options), "schema": schema}
 
 
 def open_at_target(
