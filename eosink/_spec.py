@@ -96,11 +96,14 @@ def schema_from_bytes(data: bytes) -> pa.Schema:
     return pa.ipc.open_stream(data).schema
 
 
-def persisted_options(options: BaseModel) -> dict[str, Any]:
+def persisted_options(options: BaseModel | Mapping[str, Any]) -> dict[str, Any]:
     """``options`` in JSON form without anything that may be a secret (see
-    :class:`EpochSpec`)."""
-    dumped = options.model_dump(mode="json")
-    return _without_secrets(type(options), dumped)
+    :class:`EpochSpec`): a sink's options model, or a plain mapping (whose keys are judged by
+    their names, and whose values that JSON cannot hold are written as strings)."""
+    if isinstance(options, BaseModel):
+        return _without_secrets(type(options), options.model_dump(mode="json"))
+    plain = json.loads(json.dumps(dict(options), default=str))
+    return _without_secrets(None, plain)
 
 
 def _without_secrets(model: type[BaseModel] | None, value: dict[str, Any]) -> dict[str, Any]:

@@ -56,6 +56,8 @@ def test_what_the_spec_keeps_and_what_it_never_persists() -> None:
         "properties": {"linger.ms": "5"},
         "endpoints": ["http://host:2/"],
     }
+    plain = {"table": "t", "password": "plain-secret", "at": Path("/data"), "n": 1}
+    assert persisted_options(plain) == {"table": "t", "at": "/data", "n": 1}
     text = EpochSpec(kept, pa.schema([("id", pa.int64())])).encode()
     for secret in ("secret", "sasl.password", "password"):
         assert secret not in text
@@ -191,3 +193,39 @@ def test_a_pending_epoch_is_committed_with_the_spec_it_was_staged_with(
         (3, "c"),
     ]
     con.close()
+
+
+class _Opaque:
+    """A value JSON cannot hold (an options model with ``arbitrary_types_allowed``)."""
+
+
+class _OpaqueOptions(BaseModel):
+    model_config = {"arbitrary_types_allowed": True}
+    path: str = "/data"
+    handle: _Opaque = Field(default_factory=_Opaque)
+
+
+def test_options_that_cannot_be_persisted(caplog: pytest.LogCaptureFixture) -> None:
+    """A sink that does not read the spec is never failed by it: options JSON cannot hold
+    leave the spec with the schema only (and a warning); a sink that declares
+    ``epoch_spec`` is refused in phase 1, before anything is persisted, naming the cause."""
+    from types import SimpleNamespace
+
+    from eosink._protocol import SinkRuntime
+
+    schema = pa.schema([("id", pa.int64())])
+
+    def runtime(epoch_spec: bool) -> Any:
+        return SimpleNamespace(
+            options=_OpaqueOptions(),
+            caps=eosink.Capabilities(epoch_spec=epoch_spec),
+            sink_id="s",
+            plugin=SimpleNamespace(name="opaque"),
+            _spec=None,
+        )
+
+    spec, text = SinkRuntime.epoch_spec(runtime(False), schema)  # type: ignore[arg-type]
+    assert spec.options == {} and spec.schema is not None and "cannot be persisted" in caplog.text
+    assert EpochSpec.decode(text).schema == schema
+    with pytest.raises(eosink.ConfigError, match="declares epoch_spec, but its options cannot"):
+        SinkRuntime.epoch_spec(runtime(True), schema)  # type: ignore[arg-type]

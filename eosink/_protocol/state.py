@@ -25,6 +25,7 @@ from .._rules import (
 )
 from .._spec import EpochSpec, persisted_options
 from ..errors import (
+    ConfigError,
     FencedError,
     SinkIdentityError,
 )
@@ -272,7 +273,26 @@ class _State:
             or (schema is not None and cached[0] is not None and cached[0].equals(schema))
         ):
             return cached[1], cached[2]
-        spec = EpochSpec(options=persisted_options(self.options), schema=schema)
+        try:
+            options = persisted_options(self.options)
+            EpochSpec(options).encode()
+        except Exception as exc:
+            if self.caps.epoch_spec:
+                raise ConfigError(
+                    f"sink {self.sink_id}: the {self.plugin.name!r} sink declares epoch_spec, "
+                    f"but its options cannot be persisted as JSON ({type(exc).__name__}: "
+                    f"{exc}): give the options model JSON-serializable fields"
+                ) from None
+            # A sink that never reads the spec must not fail for it: its options stay out.
+            log.warning(
+                "sink %s: its options cannot be persisted with its epochs (%s: %s); the "
+                "epoch spec keeps the schema only",
+                self.sink_id,
+                type(exc).__name__,
+                exc,
+            )
+            options = {}
+        spec = EpochSpec(options=options, schema=schema)
         text = spec.encode()
         self._spec = (schema, spec, text)
         return spec, text
