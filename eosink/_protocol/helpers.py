@@ -9,6 +9,7 @@ from .._rules import (
     KnownEpoch,
 )
 from ..errors import SchemaOutdatedError
+from .figures import FIGURES_KEPT
 
 
 def _known(r: Any) -> KnownEpoch:
@@ -45,3 +46,12 @@ def _committable(plugin: Any, sink_id: str, rec: Any) -> Any:
             "epoch; downgrade only after that"
         )
     return codec.decode(rec.committable, rec.codec_version)
+
+
+def _keep_newest(kept: dict[int, Any], epoch: int, value: Any) -> None:
+    """Set ``kept[epoch]`` as its newest entry, keeping only the newest :data:`FIGURES_KEPT`
+    (a stream runs for months: its driver's memory must not grow per epoch)."""
+    kept.pop(epoch, None)
+    kept[epoch] = value
+    while len(kept) > FIGURES_KEPT:
+        del kept[next(iter(kept))]

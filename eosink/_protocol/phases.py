@@ -33,8 +33,8 @@ from ..sink import (
     CommitOutcome,
     Prepared,
 )
-from .figures import FIGURES_KEPT, EpochFigures
-from .helpers import _committable
+from .figures import EpochFigures
+from .helpers import _committable, _keep_newest
 from .state import _State
 
 log = logging.getLogger("eosink")
@@ -196,9 +196,7 @@ class _Phases(_State):
             origin=origin,
             spec=spec_text,
         )
-        self._staged_specs[epoch] = spec  # what commit_epoch hands the plugin by default
-        while len(self._staged_specs) > FIGURES_KEPT:
-            del self._staged_specs[next(iter(self._staged_specs))]
+        _keep_newest(self._staged_specs, epoch, spec)  # what commit_epoch hands the plugin
         _metrics.epoch_pending(self.sink_id, self.plugin.name, epoch)
         fig = EpochFigures(
             epoch,
@@ -236,10 +234,7 @@ class _Phases(_State):
     def _keep_figures(self, epoch: int, fig: EpochFigures) -> None:
         """Remember ``fig`` as ``epoch``'s figures; only the newest :data:`FIGURES_KEPT` epochs'
         are kept (a stream runs for months: its driver's memory must not grow per epoch)."""
-        self.figures.pop(epoch, None)
-        self.figures[epoch] = fig
-        while len(self.figures) > FIGURES_KEPT:
-            del self.figures[next(iter(self.figures))]
+        _keep_newest(self.figures, epoch, fig)
 
     def _attempt_commit(
         self, epoch: int, committable: Any, spec: EpochSpec | None = None

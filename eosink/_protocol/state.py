@@ -85,10 +85,10 @@ class _State:
     """The ``eosink.run`` call this coordinator serves, recorded with its journal claims."""
     _since_gc: int = field(init=False, default=0)
     _spec: tuple[Any, EpochSpec, str] | None = field(init=False, default=None)
-    _staged_specs: dict[int, EpochSpec] = field(init=False, default_factory=dict)
-    """The specs of the epochs this run prepared and has not committed yet."""
     """The last epoch spec built (schema, spec, stored form): options do not change within
     a run, and a stream's schema seldom does."""
+    _staged_specs: dict[int, EpochSpec] = field(init=False, default_factory=dict)
+    """The specs of the epochs this run prepared and has not committed yet."""
     _marker: dict[str, Any] | None = field(init=False, default=None)
     _heartbeat: Heartbeat | None = field(init=False, default=None)
     _imported: bool = field(init=False, default=False)
@@ -274,8 +274,8 @@ class _State:
         ):
             return cached[1], cached[2]
         try:
-            options = persisted_options(self.options)
-            EpochSpec(options).encode()
+            spec = EpochSpec(options=persisted_options(self.options), schema=schema)
+            text = spec.encode()
         except Exception as exc:
             if self.caps.epoch_spec:
                 raise ConfigError(
@@ -291,9 +291,8 @@ class _State:
                 type(exc).__name__,
                 exc,
             )
-            options = {}
-        spec = EpochSpec(options=options, schema=schema)
-        text = spec.encode()
+            spec = EpochSpec(schema=schema)
+            text = spec.encode()
         self._spec = (schema, spec, text)
         return spec, text
 
