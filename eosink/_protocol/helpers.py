@@ -9,7 +9,6 @@ from .._rules import (
     KnownEpoch,
 )
 from ..errors import SchemaOutdatedError
-from .figures import FIGURES_KEPT
 
 
 def _known(r: Any) -> KnownEpoch:
@@ -48,10 +47,10 @@ def _committable(plugin: Any, sink_id: str, rec: Any) -> Any:
     return codec.decode(rec.committable, rec.codec_version)
 
 
-def _keep_newest(kept: dict[int, Any], epoch: int, value: Any) -> None:
-    """Set ``kept[epoch]`` as its newest entry, keeping only the newest :data:`FIGURES_KEPT`
+def _keep_newest(kept: dict[int, Any], epoch: int, value: Any, limit: int) -> None:
+    """Set ``kept[epoch]`` as its newest entry, keeping only the newest ``limit``
     (a stream runs for months: its driver's memory must not grow per epoch)."""
     kept.pop(epoch, None)
     kept[epoch] = value
-    while len(kept) > FIGURES_KEPT:
+    while len(kept) > limit:
         del kept[next(iter(kept))]

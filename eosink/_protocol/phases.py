@@ -33,7 +33,7 @@ from ..sink import (
     CommitOutcome,
     Prepared,
 )
-from .figures import EpochFigures
+from .figures import FIGURES_KEPT, EpochFigures
 from .helpers import _committable, _keep_newest
 from .state import _State
 
@@ -196,7 +196,9 @@ class _Phases(_State):
             origin=origin,
             spec=spec_text,
         )
-        _keep_newest(self._staged_specs, epoch, spec)  # what commit_epoch hands the plugin
+        _keep_newest(
+            self._staged_specs, epoch, spec, FIGURES_KEPT
+        )  # what commit_epoch hands the plugin
         _metrics.epoch_pending(self.sink_id, self.plugin.name, epoch)
         fig = EpochFigures(
             epoch,
@@ -234,7 +236,7 @@ class _Phases(_State):
     def _keep_figures(self, epoch: int, fig: EpochFigures) -> None:
         """Remember ``fig`` as ``epoch``'s figures; only the newest :data:`FIGURES_KEPT` epochs'
         are kept (a stream runs for months: its driver's memory must not grow per epoch)."""
-        _keep_newest(self.figures, epoch, fig)
+        _keep_newest(self.figures, epoch, fig, FIGURES_KEPT)
 
     def _attempt_commit(
         self, epoch: int, committable: Any, spec: EpochSpec | None = None
