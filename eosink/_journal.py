@@ -291,6 +291,21 @@ class Journal:
         if self.ckpt.exists(f"{rel}.batch-auto-unreported"):
             self.ckpt.delete(f"{rel}.batch-auto-unreported")
 
+    def files(self) -> list[str]:
+        """Every file of this sink's journal (names relative to its directory's root)."""
+        return [
+            f"{self.dir}/{sub}/{name}"
+            for sub in ("generations", "pending", "committed")
+            for name in self.ckpt.list_names(f"{self.dir}/{sub}")
+        ]
+
+    def remove(self) -> int:
+        """Delete every file of this sink's journal (``eosink retire``); the number deleted."""
+        names = self.files()
+        for rel in names:
+            self.ckpt.delete(rel)
+        return len(names)
+
     def committed_high(self) -> int:
         """The newest committed batch epoch recorded, or -1."""
         names = self.ckpt.list_names(f"{self.dir}/committed")

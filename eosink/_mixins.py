@@ -195,6 +195,31 @@ class JournalHome(ABC):
         """The batch journal's directory, or None."""
 
 
+class Retirable(ABC):
+    """Optional mixin for a coordinator that keeps records of its sink in the target besides
+    its marker and its staged data: ``eosink retire`` asks it to delete them.
+
+    ``eosink retire`` removes everything a decommissioned sink keeps outside its data. The
+    core deletes its own records (meta-store rows, the batch journal beside the target),
+    aborts staged data (rule 4), publishes open rolling files and replaces the marker with
+    the retirement's. What only the sink knows, it deletes here: a SQL sink's rows in
+    ``sql_epochs``, a Kafka sink's markers in its control topic.
+
+    Contract:
+        * Called on the driver after ``init``, once the sink is stopped, no epoch is PENDING
+            and the meta store records the retirement; the retirement marker is written
+            before (:class:`TargetMarker`), so the target still knows the retired sink's
+            highest epoch once these records are gone.
+        * Never deletes committed data (rows, files, snapshots, messages).
+        * Idempotent: a retirement cut short is run again.
+    """
+
+    @abstractmethod
+    def retire_records(self, dry_run: bool) -> list[str]:
+        """Delete this sink's own records (``dry_run``: only find them); return one line per
+        kind of record, what and how many (``"3 rows of sql_epochs"``); [] when none."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a sink offers beyond the mandatory contract (:class:`SinkCommitCoordinator`),
@@ -212,6 +237,8 @@ class Capabilities:
             journal.
         spark_writer: :class:`SparkWriter`: Spark's own writers can stage an epoch.
         rolling: :class:`Rolling`: files span epochs and are published by ``roll``.
+        retirable: :class:`Retirable`: ``eosink retire`` deletes records only the sink
+            knows.
         epoch_spec: the coordinator's ``commit`` and ``abort`` take a keyword argument
             ``spec``: the :class:`~eosink.EpochSpec` the epoch was staged with (its schema
             and options, without secrets), or None for an epoch persisted without one (by an
@@ -226,6 +253,7 @@ class Capabilities:
     journal_home: bool = False
     spark_writer: bool = False
     rolling: bool = False
+    retirable: bool = False
     epoch_spec: bool = False
 
     @staticmethod
@@ -285,6 +313,7 @@ _MIXINS: dict[str, type] = {
     "journal_home": JournalHome,
     "spark_writer": SparkWriter,
     "rolling": Rolling,
+    "retirable": Retirable,
 }
 
 

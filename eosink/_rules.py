@@ -202,6 +202,7 @@ class Refusal:
         "other-run-epoch",
         "other-run-gc-epoch",
         "fresh-checkpoint",
+        "retired-epoch",
     ]
 
 
@@ -213,6 +214,7 @@ def decide_batch_epoch(
     rec: KnownEpoch | None,
     committed_at_target: str | None,
     stream_high: int,
+    retired_high: int | None = None,
 ) -> BatchDecision:
     """Rule 5 for a batch run with ``epoch=`` (what it does with that epoch), from the
     epoch's record, else from the target's batch journal (``committed_at_target``: the
@@ -225,6 +227,10 @@ def decide_batch_epoch(
     repeats it), and so is one eosink has no record of at or below ``stream_high`` (it may be
     a stream's, garbage-collected). A PENDING one is finished; an ABORTED one written again.
 
+    An epoch without a record at or below ``retired_high`` (``eosink retire`` retired the
+    sink with epochs up to it; None: never retired) is refused: it was the retired sink's,
+    and its target may still hold it (an Iceberg snapshot summary cannot be deleted).
+
     ``committed_at_target`` is read only when ``rec`` is None (``stream_high`` when both
     are): a caller may pass anything otherwise.
     """
@@ -236,6 +242,8 @@ def decide_batch_epoch(
         if rec.status == COMMITTED:
             return (SKIP, epoch)
         return (FINISH if rec.status == PENDING else WRITE, epoch)
+    if retired_high is not None and epoch <= retired_high:
+        return Refusal("retired-epoch")
     if committed_at_target == BATCH:
         return (SKIP, epoch)  # committed by a batch run the meta store does not know
     if committed_at_target == BATCH_AUTO:
@@ -283,13 +291,17 @@ def decide_stream_epoch(
 
 
 def base_of_fresh_checkpoint(
-    last_epoch: int, next_batch: int, new_checkpoint: str
+    last_epoch: int, next_batch: int, new_checkpoint: str, retired_high: int | None = None
 ) -> int | Refusal:
     """Rule 6: the epoch base of a checkpoint new to the sink (its lineage unknown), whose
     next batch id is ``next_batch``. A sink without epochs (``last_epoch`` -1) maps batch 0 to
     epoch 0. A sink with history refuses (a fresh checkpoint re-reads the source from its
     starting offsets), unless ``new_checkpoint == "continue"``: the query's epochs then
-    start right after ``last_epoch``."""
+    start right after ``last_epoch``. A sink retired with epochs up to ``retired_high`` and
+    not written since (``last_epoch`` not above it) is a new sink whose epochs start above
+    the retired ones: its first batch maps to ``retired_high + 1``."""
+    if retired_high is not None and last_epoch <= retired_high:
+        return retired_high + 1 - next_batch
     if last_epoch < 0:
         return -next_batch
     if new_checkpoint != "continue":
@@ -347,14 +359,22 @@ def move_base_above_other_runs(
 
 
 def journal_entries_to_take(
-    entries: Mapping[int, str | None], have: Set[int], lineage: str, upto: int
+    entries: Mapping[int, str | None],
+    have: Set[int],
+    lineage: str,
+    upto: int,
+    retired_high: int | None = None,
 ) -> tuple[int, ...]:
     """Rule 9: the epochs of the stream's journal (epoch -> origin) that the meta store lacks
     (``have``: its records and the epochs an operator abandoned) up to ``upto`` (what Spark
     checkpointed; every epoch in ``inline`` mode), in epoch order: they are persisted PENDING
-    and rule 1 commits them."""
+    and rule 1 commits them. Entries at or below ``retired_high`` are not: they are epochs of
+    a retired sink (``eosink retire`` finds none PENDING), committed, and the target's record
+    of them may be gone (a SQL sink's ``sql_epochs`` rows), so a commit would apply them
+    again."""
+    floor = -1 if retired_high is None else retired_high
     return tuple(
-        e for e in sorted(entries) if e <= upto and e not in have and entries[e] == lineage
+        e for e in sorted(entries) if floor < e <= upto and e not in have and entries[e] == lineage
     )
 
 

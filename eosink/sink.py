@@ -39,6 +39,7 @@ from ._codecs import Codec, JsonCodec
 from ._mixins import (
     Capabilities,
     JournalHome,
+    Retirable,
     Rolling,
     SparkWriter,
     StagedEpochs,
@@ -57,6 +58,7 @@ __all__ = [
     "JournalHome",
     "JsonCodec",
     "Prepared",
+    "Retirable",
     "Rolling",
     "SinkCommitCoordinator",
     "SinkPlugin",

@@ -680,6 +680,10 @@ def test_cli_exit_statuses_are_the_code(
         return ["abandon", "--metastore-url", url, "--sink-id", sink_id, "--epoch", str(epoch),
                 "--reason", "test", *more]  # fmt: skip
 
+    def retire(out: Path, url: str, *more: str) -> list[str]:
+        return ["retire", "--sink", "file", "--option", f"path={out}", "--metastore-url", url,
+                *more]  # fmt: skip
+
     def done() -> list[int]:
         url = store("ok")
         out = tmp_path / "ok-out"
@@ -693,6 +697,8 @@ def test_cli_exit_statuses_are_the_code(
             _exit_status(recover(out, url)),  # commits the PENDING epoch
             _exit_status(["status", "--metastore-url", url, "--sink-id", f"file:{out}"]),
             _exit_status(abandon(url, "file:/elsewhere", 3, "--accept-data-loss")),
+            _exit_status(retire(out, url, "--dry-run")),
+            _exit_status(retire(out, url)),
             _exit_status(["new-sink", "doc_check", "--dir", str(tmp_path / "new")]),
         ]
 
@@ -731,8 +737,9 @@ def test_cli_exit_statuses_are_the_code(
         codes = [
             _exit_status(recover(tmp_path / "nosink-out", url, "--sink-id", "nosuch")),
             _exit_status(abandon(url, "nosuch", 1, "--accept-data-loss")),
+            _exit_status(retire(tmp_path / "nosink-out", url, "--sink-id", "nosuch")),
         ]
-        assert capsys.readouterr().err.count("has no sink 'nosuch'") == 2
+        assert capsys.readouterr().err.count("has no sink 'nosuch'") == 3
         return codes
 
     def owner_runs() -> list[int]:
@@ -750,8 +757,9 @@ def test_cli_exit_statuses_are_the_code(
                 codes += [
                     _exit_status(recover(out, url)),
                     _exit_status(abandon(url, sid, 1, "--accept-data-loss")),
+                    _exit_status(retire(out, url)),
                 ]
-                assert capsys.readouterr().err.count("stop that job first") == 2
+                assert capsys.readouterr().err.count("stop that job first") == 3
         finally:
             child.kill()
             child.wait()
@@ -798,6 +806,14 @@ def test_cli_exit_statuses_are_the_code(
         assert "run again with --accept-data-loss" in capsys.readouterr().err
         return codes
 
+    def retire_pending() -> list[int]:
+        url = store("retire")
+        out = tmp_path / "retire-out"
+        _file_sink_epoch(out, url, 1)
+        codes = [_exit_status(retire(out, url)), _exit_status(retire(out, url, "--dry-run"))]
+        assert capsys.readouterr().err.count("PENDING epoch(s) [1]") == 2
+        return codes
+
     def new_sink_refused() -> list[int]:
         taken = tmp_path / "taken" / "eosink-mine"
         taken.mkdir(parents=True)
@@ -817,12 +833,13 @@ def test_cli_exit_statuses_are_the_code(
         ("any", "an eosink error"): eosink_error,
         ("any", "another error"): other_error,
         ("`status --sink-id ID`", "the meta store has no such sink"): status_no_sink,
-        ("`recover`, `abandon`", "the meta store has no such sink"): no_sink,
-        ("`recover`, `abandon`", "the sink's owner runs"): owner_runs,
+        ("`recover`, `abandon`, `retire`", "the meta store has no such sink"): no_sink,
+        ("`recover`, `abandon`, `retire`", "the sink's owner runs"): owner_runs,
         ("`recover`", "an epoch could still not be finished"): not_finished,
         ("`recover --drop-lost-open-files`", "without `--reason`"): drop_without_consent,
         ("`abandon`", "the epoch is COMMITTED or unknown"): abandon_not_pending,
         ("`abandon`", "without `--accept-data-loss`"): abandon_without_consent,
+        ("`retire`", "the sink has a PENDING epoch"): retire_pending,
         ("`new-sink`", "a malformed name"): new_sink_refused,
         ("`demo`", "its independent reader"): lambda: [_demo_failure_status()],
     }

@@ -127,17 +127,19 @@ def test_decide_batch_epoch_over_every_record() -> None:
     status with each origin), every answer of the target's batch journal and every highest
     stream epoch: a committed epoch is never written again, only an explicit batch run's is
     skipped, another kind of run's is refused, and an unknown epoch is written only above
-    every stream's."""
+    every stream's and above a retired sink's (``eosink retire``)."""
     from eosink._metastore import ABORTED, COMMITTED, PENDING
     from eosink._rules import KnownEpoch, Refusal, decide_batch_epoch
 
     n = 0
-    for epoch, high, at_target in itertools.product(range(4), range(-1, 5), (None, *ORIGINS[1:3])):
+    for epoch, high, at_target, retired in itertools.product(
+        range(4), range(-1, 5), (None, *ORIGINS[1:3]), (None, 1)
+    ):
         records: list[KnownEpoch | None] = [None]
         records += [KnownEpoch(epoch, s, o) for s in (PENDING, COMMITTED, ABORTED) for o in ORIGINS]
         for rec in records:
-            d = decide_batch_epoch(epoch, rec, at_target, high)
-            ctx = (epoch, rec, at_target, high, d)
+            d = decide_batch_epoch(epoch, rec, at_target, high, retired)
+            ctx = (epoch, rec, at_target, high, retired, d)
             n += 1
             if isinstance(d, Refusal):
                 kind = "refuse"
@@ -146,7 +148,9 @@ def test_decide_batch_epoch_over_every_record() -> None:
                 assert got == epoch, ctx
             reason = d.reason if isinstance(d, Refusal) else None
             if rec is None:
-                if at_target == BATCH:
+                if retired is not None and epoch <= retired:
+                    assert reason == "retired-epoch", ctx  # its target may still hold it
+                elif at_target == BATCH:
                     assert kind == "skip", ctx  # the target knows an explicit run did it
                 elif at_target == BATCH_AUTO:
                     assert reason == "auto-epoch-at-target", ctx  # a run without epoch= had it
@@ -168,7 +172,7 @@ def test_decide_batch_epoch_over_every_record() -> None:
                 assert kind == "finish", ctx  # a crashed run's complete data
             else:
                 assert kind == "write", ctx  # aborted: written again
-    assert n == 4 * 6 * 3 * 19
+    assert n == 4 * 6 * 3 * 2 * 19
 
 
 def test_decide_stream_epoch_over_every_record() -> None:
@@ -241,20 +245,25 @@ def test_every_refusal_has_its_error() -> None:
 
     reasons = typing.get_args(typing.get_type_hints(Refusal)["reason"])
     source = "".join(f.read_text() for f in Path(_protocol.__file__).parent.glob("*.py"))
-    assert len(reasons) == 7
+    assert len(reasons) == 8
     assert not [r for r in reasons if f'"{r}"' not in source]
 
 
 def test_fresh_checkpoint_refused_on_a_sink_with_history_or_continued_above_it() -> None:
     """Rule 6 for every last epoch, next batch id and choice: a sink without epochs maps the
     query's next batch to epoch 0; one with epochs refuses a fresh checkpoint unless told to
-    continue, and then the query's next epoch is right after the sink's last."""
+    continue, and then the query's next epoch is right after the sink's last. A sink retired
+    with epochs up to ``retired`` and not written since starts right above them, unasked."""
     from eosink._rules import Refusal, base_of_fresh_checkpoint
 
-    for last, nxt, choice in itertools.product(range(-1, 6), range(5), ("refuse", "continue")):
-        got = base_of_fresh_checkpoint(last, nxt, choice)
-        ctx = (last, nxt, choice, got)
-        if last < 0:
+    for last, nxt, choice, retired in itertools.product(
+        range(-1, 6), range(5), ("refuse", "continue"), (None, 0, 2)
+    ):
+        got = base_of_fresh_checkpoint(last, nxt, choice, retired)
+        ctx = (last, nxt, choice, retired, got)
+        if retired is not None and last <= retired:
+            assert not isinstance(got, Refusal) and got + nxt == retired + 1, ctx
+        elif last < 0:
             assert got == -nxt, ctx
         elif choice == "refuse":
             assert got == Refusal("fresh-checkpoint"), ctx
@@ -327,18 +336,20 @@ def test_journal_entries_taken_are_exactly_the_missing_checkpointed_ones() -> No
     """Rule 9 over every journal of 4 epochs (absent, this stream's, another's, origin-less),
     every set of epochs the store has and every checkpointed bound: an entry is taken when it
     is this stream's, checkpointed and unknown to the store; never a recorded or abandoned
-    epoch, never another run's, never one Spark has not checkpointed."""
+    epoch, never another run's, never one Spark has not checkpointed, never one of a retired
+    sink (its target's record of it may be gone)."""
     from eosink._rules import journal_entries_to_take
 
     sets = [frozenset(c) for n in range(len(EPOCHS) + 1) for c in itertools.combinations(EPOCHS, n)]
     for chosen in itertools.product((False, STREAM, OTHER_STREAM, None), repeat=len(EPOCHS)):
         entries = {e: o for e, o in zip(EPOCHS, chosen, strict=True) if o is not False}
-        for have, upto in itertools.product(sets, range(-1, 5)):
-            got = journal_entries_to_take(entries, have, STREAM, upto)
-            ctx = (entries, have, upto, got)
+        for have, upto, retired in itertools.product(sets, range(-1, 5), (None, 1)):
+            got = journal_entries_to_take(entries, have, STREAM, upto, retired)
+            ctx = (entries, have, upto, retired, got)
             assert list(got) == sorted(got), ctx
             for e in EPOCHS:
                 wanted = e in entries and entries[e] == STREAM and e <= upto and e not in have
+                wanted = wanted and (retired is None or e > retired)
                 assert (e in got) == wanted, ctx
 
 

@@ -1,6 +1,6 @@
 """The ``eosink`` command: one module per command (``status``, ``recover``, ``abandon``,
-``plugins``, ``db``, ``demo``, ``metrics`` and ``new-sink``), each adding its own sub-parser
-here."""
+``retire``, ``plugins``, ``db``, ``demo``, ``metrics`` and ``new-sink``), each adding its own
+sub-parser here."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import sys
 
 from ..errors import EosinkError
-from . import abandon, db, demo, metrics, plugins, recover, status
+from . import abandon, db, demo, metrics, plugins, recover, retire, status
 from .text import one_line
 
 __all__ = ["build_parser", "main"]
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log every state change")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    for command in (plugins, status, abandon, recover, db, demo, metrics):
+    for command in (plugins, status, abandon, recover, retire, db, demo, metrics):
         command.register(sub)
     return p
 

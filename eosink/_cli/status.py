@@ -47,6 +47,11 @@ def collect(store: Any, sink_id: str | None, recent: int) -> list[dict[str, Any]
                 "stream_lineage": s.lineage,
                 "stream_epoch_base": s.epoch_base if s.lineage else None,
                 "gc_floor": s.gc_floor if s.gc_floor >= 0 else None,
+                "retired": (
+                    {"high": s.retired_high, "at": iso(s.retired_at), "by": s.retired_by}
+                    if s.retired_high is not None
+                    else None
+                ),
                 "last_committed_epoch": s.high_water if s.high_water >= 0 else None,
                 "committed_epochs": s.committed_epochs,
                 "pending_epochs": pending,
@@ -146,6 +151,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  last heartbeat of its coordinator: {s['heartbeat_at']}")
         if s["last_error"]:
             print(f"  last error ({s['last_error_at']}): {one_line(s['last_error'])[:500]}")
+        if s["retired"]:
+            r = s["retired"]
+            print(
+                f"  retired by `eosink retire` at {r['at'] or '(unknown)'} by "
+                f"{r['by'] or '(unknown)'}, with epochs up to {r['high']}: later runs write "
+                "epochs above it"
+            )
         if s["stream_lineage"]:
             print(
                 f"  current stream: lineage {s['stream_lineage']}, epochs = "
@@ -156,7 +168,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"committed epochs: {s['committed_epochs']}"
             + (
                 f"  (streaming epochs up to {s['gc_floor']} garbage-collected)"
-                if s["gc_floor"] is not None
+                if s["gc_floor"] is not None and not s["retired"]
                 else ""
             )
         )

@@ -37,6 +37,10 @@ class SinkRow(Base):
     last_error_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     heartbeat_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_roll: Mapped[str | None] = mapped_column(Text, nullable=True)
+    retired_high: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """``eosink retire``: the retired sink's highest epoch (None: never retired)."""
+    retired_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    retired_by: Mapped[str | None] = mapped_column(String(256), nullable=True)
 
 
 class EpochRow(Base):

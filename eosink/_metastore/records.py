@@ -63,6 +63,17 @@ class SinkRecord:
     stopped cleanly, or for an owner older than the heartbeat."""
     last_roll: dict[str, Any] | None = None
     """The last roll between epochs of a rolling sink: ``{"at", "files", "everything"}``."""
+    retired_high: int | None = None
+    """``eosink retire`` retired the sink with epochs up to this one (None: never): every
+    later run's epochs are above it."""
+    retired_at: float | None = None
+    retired_by: str | None = None
+
+    def retirement(self) -> dict[str, Any] | None:
+        """The retirement as the target's marker keeps it (``high``, ``at``, ``by``), or None."""
+        if self.retired_high is None:
+            return None
+        return {"high": self.retired_high, "at": self.retired_at, "by": self.retired_by}
 
 
 @dataclass(frozen=True)

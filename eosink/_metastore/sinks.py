@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    delete,
     func,
     insert,
     select,
@@ -22,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from . import statements
 from .base import StoreBase
 from .engine import _greatest
-from .models import EpochRow, SinkRow
+from .models import EpochRow, LossRow, SinkRow
 from .records import BATCH_ORIGINS, SinkRecord
 
 log = logging.getLogger("eosink.metastore")
@@ -121,6 +122,9 @@ class SinkOps(StoreBase):
             last_error_at=row.last_error_at,
             heartbeat_at=row.heartbeat_at,
             last_roll=json.loads(row.last_roll) if row.last_roll else None,
+            retired_high=row.retired_high,
+            retired_at=row.retired_at,
+            retired_by=row.retired_by,
         )
 
     def sink(self, sink_id: str) -> SinkRecord | None:
@@ -176,6 +180,60 @@ class SinkOps(StoreBase):
             "adopt",
             gc_floor=last_epoch,
             high_water=_greatest(self.engine.dialect.name, SinkRow.high_water, last_epoch),
+        )
+
+    def retire(self, sink_id: str, generation: int, *, high: int, by: str) -> SinkRecord:
+        """``eosink retire``: in one transaction (fenced by ``generation``, which it bumps:
+        every coordinator of the sink is fenced), delete the sink's epochs and known losses
+        and keep its row as the record of the retirement: no lineage, no schema, no error,
+        epochs up to ``high`` counted as committed (:meth:`max_epoch`), ``retired_high``,
+        ``retired_at`` and ``retired_by`` set. Its target binding stays."""
+
+        def run(_: int) -> SinkRecord:
+            now = time.time()
+            with self._tx() as conn:
+                self._fence(conn, sink_id, generation)
+                conn.execute(delete(EpochRow).where(EpochRow.sink_id == sink_id))
+                conn.execute(delete(LossRow).where(LossRow.sink_id == sink_id))
+                conn.execute(
+                    update(SinkRow)
+                    .where(SinkRow.sink_id == sink_id)
+                    .values(
+                        generation=SinkRow.generation + 1,
+                        owner=by,
+                        heartbeat_at=None,
+                        lineage=None,
+                        epoch_base=0,
+                        high_water=_greatest(self.engine.dialect.name, SinkRow.high_water, high),
+                        gc_floor=high,
+                        committed_epochs=0,
+                        arrow_schema=None,
+                        options_json=None,
+                        last_error=None,
+                        last_error_at=None,
+                        last_roll=None,
+                        retired_high=high,
+                        retired_at=now,
+                        retired_by=by,
+                        updated_at=now,
+                    )
+                )
+                rec = self._sink(conn, sink_id)
+            assert rec is not None
+            return rec
+
+        return self._retry("retire the sink", run)
+
+    def set_retired(self, sink_id: str, generation: int, retirement: dict[str, Any]) -> None:
+        """Record a retirement this store learnt from the target's marker (``high``, ``at``,
+        ``by``: :meth:`SinkRecord.retirement`), for a store that never knew the sink."""
+        self._set(
+            sink_id,
+            generation,
+            "record the retirement",
+            retired_high=int(retirement["high"]),
+            retired_at=retirement.get("at"),
+            retired_by=retirement.get("by"),
         )
 
     def stream_high(self, sink_id: str) -> int:

@@ -29,7 +29,7 @@ from ..errors import (
 )
 from .epoch import Epoch
 from .figures import EpochFigures
-from .helpers import _known
+from .helpers import _known, retired_by_whom
 from .recovery import _Recovery
 
 log = logging.getLogger("eosink")
@@ -130,13 +130,14 @@ class _Decisions(_Recovery):
         self.lineage = BATCH
         r = self.store.epoch(sid, epoch)
         rec = _known(r) if r is not None else None
-        was, high = None, -1
+        was, high, retired = None, -1, None
         if rec is None:
+            retired = self.retired_high()
             target = self.target_journal()
             was = target.committed_origin(epoch) if target else None
             if was is None:
                 high = self.store.stream_high(sid)
-        decision = decide_batch_epoch(epoch, rec, was, high)
+        decision = decide_batch_epoch(epoch, rec, was, high, retired)
         if isinstance(decision, Refusal):
             raise self._batch_epoch_refused(decision, epoch)
         return decision
@@ -162,6 +163,15 @@ class _Decisions(_Recovery):
                 "(the target's batch journal says so), so eosink cannot tell whether this run "
                 f"repeats it. Pick an unused epoch (above {self.store.max_epoch(sid)} is always "
                 "free), and keep either explicit or automatic epochs on one sink"
+            )
+        if refusal.reason == "retired-epoch":
+            sink = self.store.sink(sid)
+            assert sink is not None and sink.retired_high is not None
+            return SinkIdentityError(
+                f"epoch {epoch} of sink {sid!r} belongs to the sink retired by `eosink retire` "
+                f"({retired_by_whom(sink)}) with epochs up to {sink.retired_high}: its target "
+                "may still hold it, so a run under this sink_id must not reuse it. Pick an "
+                f"epoch above {sink.retired_high}, or leave epoch unset (the next free one)"
             )
         assert refusal.reason == "unknown-below-stream-high", refusal
         high = self.store.stream_high(sid)

@@ -16,6 +16,18 @@ def _known(r: Any) -> KnownEpoch:
     return KnownEpoch(r.epoch, r.status, r.origin)
 
 
+def retired_by_whom(rec: Any) -> str:
+    """``at <ISO time> by <who>`` of a retired sink's record (what is known of it)."""
+    from datetime import datetime
+
+    at = (
+        datetime.fromtimestamp(rec.retired_at).astimezone().isoformat(timespec="seconds")
+        if rec.retired_at
+        else "at an unknown time"
+    )
+    return f"{'at ' if rec.retired_at else ''}{at} by {rec.retired_by or 'an unknown operator'}"
+
+
 def _span(epochs: Sequence[int]) -> str:
     """``3``, ``3-7`` or ``3, 5, 9-12``: epochs as runs."""
     runs: list[list[int]] = []

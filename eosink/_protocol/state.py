@@ -38,6 +38,7 @@ from ..sink import (
     TargetMarker,
 )
 from .figures import EpochFigures
+from .helpers import retired_by_whom
 from .threads import Heartbeat
 
 log = logging.getLogger("eosink")
@@ -196,6 +197,13 @@ class _State:
         )
         known = self.store.max_epoch(sid) if existing is not None else -1
         marked = int(marker.get("last_epoch", -1)) if marker else -1
+        retired = marker.get("retired") if marker else None
+        if isinstance(retired, dict) and isinstance(retired.get("high"), int):
+            # A retired sink's marker: its target's own record of the epochs (a SQL sink's
+            # sql_epochs rows) may be gone; the retirement keeps the highest.
+            marked = max(marked, int(retired["high"]))
+        else:
+            retired = None
         if marker is not None and marked > known:
             if known >= 0:
                 raise SinkIdentityError(
@@ -220,6 +228,8 @@ class _State:
                 marked,
             )
             self.store.adopt(sid, self.generation, last_epoch=marked)
+            if retired is not None:
+                self.store.set_retired(sid, self.generation, retired)
             if marker.get("lineage"):
                 self.store.set_lineage(
                     sid, self.generation, str(marker["lineage"]), int(marker["epoch_base"])
@@ -233,6 +243,7 @@ class _State:
             )
         if target and (existing is None or not existing.target):
             self.store.set_target(sid, self.generation, target)
+        self._say_retired()
         self._marker = marker
         self.write_marker()
         # Last: a start that failed leaves no thread behind (acquire recorded a heartbeat,
@@ -246,19 +257,43 @@ class _State:
             self.store.url_redacted,
         )
 
+    def retired_high(self) -> int | None:
+        """The highest epoch of the sink ``eosink retire`` retired (None: never retired)."""
+        rec = self.store.sink(self.sink_id)
+        return None if rec is None else rec.retired_high
+
+    def _say_retired(self) -> None:
+        """At the first start after ``eosink retire``: say where this run's epochs start."""
+        rec = self.store.sink(self.sink_id)
+        if rec is None or rec.retired_high is None:
+            return
+        if self.store.max_epoch(self.sink_id) <= rec.retired_high:
+            log.warning(
+                "sink %s was retired (eosink retire, %s) with epochs up to %d; it starts "
+                "again under the same sink_id: its epochs are above %d (the retired sink's "
+                "target may still hold those), and a batch run's epoch= at or below it is "
+                "refused",
+                self.sink_id,
+                retired_by_whom(rec),
+                rec.retired_high,
+                rec.retired_high,
+            )
+
     def write_marker(self) -> None:
         """Write the sink's marker into the target when it changed (TargetMarker plugins)."""
         if not self.caps.target_marker:
             return
         rec = self.store.sink(self.sink_id)
         assert rec is not None
-        want = {
+        want: dict[str, Any] = {
             "sink_id": self.sink_id,
             "plugin": self.plugin.name,
             "target": rec.target,
             "lineage": rec.lineage,
             "epoch_base": rec.epoch_base,
         }
+        if rec.retired_high is not None:
+            want["retired"] = rec.retirement()
         have = {k: v for k, v in (self._marker or {}).items() if k != "last_epoch"}
         if have != want:
             self.assert_live()

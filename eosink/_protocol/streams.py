@@ -21,7 +21,7 @@ from ..errors import (
 )
 from ..faults import fault_point
 from .decisions import _Decisions
-from .helpers import _known, _span
+from .helpers import _known, _span, retired_by_whom
 
 log = logging.getLogger("eosink")
 
@@ -89,7 +89,7 @@ class _Streams(_Decisions):
             self.write_marker()
             return base
         last = self.store.max_epoch(sid)
-        fresh = base_of_fresh_checkpoint(last, nxt, new_checkpoint)
+        fresh = base_of_fresh_checkpoint(last, nxt, new_checkpoint, rec.retired_high)
         if isinstance(fresh, Refusal):
             assert fresh.reason == "fresh-checkpoint", fresh
             raise NewCheckpointError(
@@ -102,7 +102,16 @@ class _Streams(_Decisions):
                 "stopped)."
             )
         base = fresh
-        if last >= 0:
+        if rec.retired_high is not None and last <= rec.retired_high:
+            log.warning(
+                "sink %s was retired (eosink retire, %s) with epochs up to %d: this query's "
+                "epochs start at %d",
+                sid,
+                retired_by_whom(rec),
+                rec.retired_high,
+                rec.retired_high + 1,
+            )
+        elif last >= 0:
             log.warning(
                 "sink %s: new checkpoint %s; continuing on a new epoch range from %d",
                 sid,
@@ -195,7 +204,8 @@ class _Streams(_Decisions):
         have = {r.epoch for r in self.store.epochs(self.sink_id)} | self._lost()
         entries = self.journal.entries()
         origins = {e: ent.origin for e, ent in entries.items()}
-        for e in journal_entries_to_take(origins, have, self.lineage, upto):
+        retired = self.retired_high()
+        for e in journal_entries_to_take(origins, have, self.lineage, upto, retired):
             ent = entries[e]
             log.warning(
                 "sink %s epoch %d: PENDING in the checkpoint's journal, unknown to meta store "

@@ -23,6 +23,7 @@ from eosink import (
     ConfigError,
     FencedError,
     Prepared,
+    Retirable,
     SinkCommitCoordinator,
     SinkError,
     SparkWriter,
@@ -212,6 +213,7 @@ class KafkaCoordinator(
     SparkWriter[dict[str, Any]],
     StagedEpochs,
     TargetMarker,
+    Retirable,
 ):
     """Publishes staged chunks through a fixed pool of transactional ids (see the module)."""
 
@@ -315,6 +317,28 @@ class KafkaCoordinator(
         self._ready([0])
         slot.write_marker(f"{self.key}/sink", value)
         self.sink_marker = value
+
+    def retire_records(self, dry_run: bool) -> list[str]:
+        """``eosink retire``: tombstones for the markers of the sink's transactional ids in
+        the control topic (the sink's own marker, the retirement's, stays)."""
+        from .transactions import read_markers
+
+        prefix = f"{self.key}/"
+        numbers = sorted(
+            int(k[len(prefix) :])
+            for k in read_markers(self.opts, self.control_topic, prefix)
+            if k[len(prefix) :].isdigit()
+        )
+        if not numbers:
+            return []
+        if not dry_run:
+            self._ready(numbers)
+            for n in numbers:
+                self._slot(n).delete_marker()
+        return [
+            f"{len(numbers)} marker record(s) of transactional ids eosink-{self.key}-<n> in "
+            f"control topic {self.control_topic} (tombstones)"
+        ]
 
     # -- staging ---------------------------------------------------------------------------
     def spark_write_unsupported(self, schema: pa.Schema) -> str | None:

@@ -49,7 +49,9 @@ SINK: SinkPlugin[KafkaSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     # confluent-kafka is imported by the coordinator (the driver) only.
     requires={"confluent_kafka": "eosink[kafka]"},
     describe_open=describe_open,
-    capabilities=eosink.Capabilities(target_marker=True, staged_epochs=True, spark_writer=True),
+    capabilities=eosink.Capabilities(
+        target_marker=True, staged_epochs=True, spark_writer=True, retirable=True
+    ),
 )
 
 

@@ -479,6 +479,18 @@ class Slot:
         except (KafkaException, SystemError) as exc:
             self._failed(exc, -1, -1)
 
+    def delete_marker(self) -> None:
+        """A transaction with the tombstone of this id's marker (``eosink retire``)."""
+        p = self.producer
+        assert p is not None
+        try:
+            p.begin_transaction()
+            p.produce(self.control_topic, None, self.marker_key.encode())
+            p.commit_transaction(self.opts.timeout_seconds)
+        except (KafkaException, SystemError) as exc:
+            self._failed(exc, -1, -1)
+        self.marker = None
+
     def _ask_producer(self) -> KafkaException | None:
         """Abort the producer's transaction; the Kafka error that raises, if any (on a fenced
         or fatal producer: the error that made it so)."""

@@ -35,6 +35,7 @@ from eosink import (
     ConfigError,
     EpochSpec,
     Prepared,
+    Retirable,
     SchemaMismatchError,
     SinkCommitCoordinator,
     SinkError,
@@ -122,7 +123,7 @@ def describe_open(
 
 
 class SqlCoordinator(
-    SinkCommitCoordinator[dict[str, Any], dict[str, Any]], StagedEpochs, TargetMarker
+    SinkCommitCoordinator[dict[str, Any], dict[str, Any]], StagedEpochs, TargetMarker, Retirable
 ):
     """See the module."""
 
@@ -811,6 +812,27 @@ class SqlCoordinator(
                 )
         except Exception as exc:
             raise db.error("cannot write the sink's marker", exc) from None
+
+    def retire_records(self, dry_run: bool) -> list[str]:
+        """``eosink retire``: the sink's rows of ``sql_epochs`` (its marker row stays: the
+        retirement's)."""
+        from sqlalchemy import text
+
+        db = self.db
+        table = db.own("sql_epochs")
+        try:
+            with db.engine.begin() as conn:
+                n = int(
+                    conn.execute(
+                        text(f"SELECT COUNT(*) FROM {table} WHERE sink_key = :k"), {"k": self.key}
+                    ).scalar()
+                    or 0
+                )
+                if n and not dry_run:
+                    conn.execute(text(f"DELETE FROM {table} WHERE sink_key = :k"), {"k": self.key})
+        except Exception as exc:
+            raise db.error("cannot delete the sink's rows of sql_epochs", exc) from None
+        return [f"{n} row(s) of {table} (which epochs were applied)"] if n else []
 
     def close(self) -> None:
         for epoch in list(self._held):

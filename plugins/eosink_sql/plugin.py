@@ -46,7 +46,9 @@ SINK: SinkPlugin[SqlSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     requires={},
     path_options=("url",),  # a SQLite database's file
     describe_open=describe_open,
-    capabilities=eosink.Capabilities(target_marker=True, staged_epochs=True, epoch_spec=True),
+    capabilities=eosink.Capabilities(
+        target_marker=True, staged_epochs=True, epoch_spec=True, retirable=True
+    ),
 )
 
 
