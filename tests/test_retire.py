@@ -156,6 +156,12 @@ def test_retire_then_run_again_every_builtin_sink(
     assert epoch_states(url, sid) == {}
     s = _status(capsys, url, sid)
     assert s["retired"]["high"] == 1 and s["retired"]["by"], s
+    assert cli(["status", "--metastore-url", url, "--sink-id", sid]) == 0
+    assert "retired by `eosink retire` at " in capsys.readouterr().out
+    if name == "file":  # the status page says it too
+        assert cli(["status", "--metastore-url", url, "--html", str(tmp_path / "p.html")]) == 0
+        [page] = list(tmp_path.glob("p*.html"))
+        assert "with epochs up to 1 (later runs write above them)" in page.read_text()
     # Retired again: nothing of its own is left (the sink's records went the first time).
     # The store has no epoch to take the options from now: the command asks for them.
     assert cli([*args, "--dry-run"]) == 2

@@ -246,6 +246,15 @@ def sink_page(s: dict[str, Any], store: str, now: float | None = None) -> str:
     ]
     if s["last_error"]:
         facts.append(("last error", f"{s['last_error_at']}: {s['last_error'][:500]}"))
+    if s.get("retired"):
+        r = s["retired"]
+        facts.append(
+            (
+                "retired",
+                f"by `eosink retire` at {r['at'] or '(unknown)'} by {r['by'] or '(unknown)'}, "
+                f"with epochs up to {r['high']} (later runs write above them)",
+            )
+        )
     open_rows = [[i.get("kind", "open"), i.get("what", "")] for i in s["open_at_target"] or []]
     open_note = s["open_at_target_note"] or ""
     parts = [
