@@ -49,6 +49,8 @@ class Retirement:
     """One line per kind of thing removed, what and how many."""
     kept: list[str] = field(default_factory=list)
     """What stays, and why."""
+    already: str | None = None
+    """``at <time> by <who>`` when the sink was retired before (a retirement run again)."""
 
 
 def _journal(coordinator: Any, caps: Any, sink_id: str) -> Journal | None:
@@ -63,7 +65,9 @@ def _journal(coordinator: Any, caps: Any, sink_id: str) -> Journal | None:
 
 
 def _high(store: Any, sink_id: str, marker: dict[str, Any] | None) -> int:
-    high = store.max_epoch(sink_id)
+    """The retired sink's highest epoch: what the store, the known losses (an abandoned
+    epoch's number is not reused) and the target's marker know."""
+    high = max([store.max_epoch(sink_id), *(x.epoch for x in store.losses(sink_id))])
     if marker:
         high = max(high, int(marker.get("last_epoch", -1)))
         retired = marker.get("retired")
@@ -72,21 +76,43 @@ def _high(store: Any, sink_id: str, marker: dict[str, Any] | None) -> int:
     return int(high)
 
 
-def _store_lines(store: Any, sink_id: str) -> list[str]:
+def _begin(store: Any, sink_id: str, marker: dict[str, Any] | None) -> Retirement:
+    """The retirement's account, from the records as they are before anything changes."""
+    from ._protocol.helpers import retired_by_whom
+
+    out = Retirement(sink_id, _high(store, sink_id, marker))
+    rec = store.sink(sink_id)
+    if rec is not None and rec.retired_high is not None:
+        out.already = retired_by_whom(rec)
     counts = Counter(r.status for r in store.epochs(sink_id))
-    losses = len(store.losses(sink_id))
-    what = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "none"
-    return [
-        f"meta store {store.url_redacted}: the sink's epoch records ({what}) and its "
-        f"{losses} known loss record(s)"
-    ]
+    if counts:
+        what = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        out.removed.append(f"meta store {store.url_redacted}: the sink's epoch records ({what})")
+    losses = store.losses(sink_id)
+    if losses:
+        out.kept.append(
+            f"the record of {len(losses)} known loss(es) (epochs {[x.epoch for x in losses]}): "
+            "a loss is recorded for ever"
+        )
+    return out
+
+
+def _staged(coordinator: Any, caps: Any) -> list[int]:
+    return sorted(cast(StagedEpochs, coordinator).staged_epochs()) if caps.staged_epochs else []
 
 
 def survey(setup: Any) -> Retirement:
-    """``eosink retire --dry-run``: what a retirement of ``setup``'s sink would remove. Changes
-    nothing of the sink's records (its coordinator's ``init`` runs, as at every start)."""
+    """``eosink retire --dry-run``: what a retirement of ``setup``'s sink would remove, after
+    the identity checks a retirement's start makes. Changes nothing of the sink's records
+    (its coordinator's ``init`` runs, as at every start).
+
+    Raises:
+        SinkIdentityError: the options name another target than the sink's, or another
+            kind of sink, or the meta store is behind the target.
+    """
     from ._metastore import MetaStore
     from ._mixins import capabilities_of
+    from ._protocol.state import check_identity
 
     store = MetaStore(setup.metastore_url, retry_s=setup.metastore_retry_s, create=False)
     coordinator = setup.plugin.coordinator_factory(setup.options, setup.sink_id)
@@ -94,21 +120,21 @@ def survey(setup: Any) -> Retirement:
         caps = capabilities_of(setup.plugin, coordinator)
         coordinator.init()
         marker = cast(TargetMarker, coordinator).read_marker() if caps.target_marker else None
-        out = Retirement(setup.sink_id, _high(store, setup.sink_id, marker))
-        out.removed += _store_lines(store, setup.sink_id)
+        existing = store.sink(setup.sink_id)
+        check_identity(
+            store, setup.sink_id, existing, setup.plugin.name, coordinator.target_id(), marker
+        )
+        out = _begin(store, setup.sink_id, marker)
+        staged = _staged(coordinator, caps)
+        if staged:
+            out.removed.append(f"staged data of epoch(s) {staged} that no commit published")
+        if caps.retirable:
+            out.removed += cast(Retirable, coordinator).retire_records(dry_run=True)
         journal = _journal(coordinator, caps, setup.sink_id)
         if journal is not None:
             n = len(journal.files())
             if n:
                 out.removed.append(f"{n} file(s) of the batch journal in {journal.ckpt.location}")
-        if caps.staged_epochs:
-            staged = sorted(cast(StagedEpochs, coordinator).staged_epochs())
-            if staged:
-                out.removed.append(f"staged data of epoch(s) {staged} that no commit published")
-        if caps.rolling:
-            out.removed.append("open rolling files: published first (their rows are committed)")
-        if caps.retirable:
-            out.removed += cast(Retirable, coordinator).retire_records(dry_run=True)
         _what_stays(out, caps, setup)
         return out
     finally:
@@ -124,12 +150,17 @@ def _what_stays(out: Retirement, caps: Any, setup: Any) -> None:
             "the sink's marker in the target: replaced by the record of the retirement"
         )
     out.kept.append(
-        f"the target's data, and the sink's row in meta store (the record of the retirement: "
-        f"a later run under sink_id {setup.sink_id!r} writes epochs above {out.high})"
+        "the target's data, and what its readers find it by (the file sink's manifests under "
+        "_eosink/commits)"
     )
     out.kept.append(
-        "streaming checkpoints (delete them yourself; a query restarted on one writes its "
-        f"next micro-batches above epoch {out.high})"
+        f"the sink's row in the meta store, the record of the retirement: a later run under "
+        f"sink_id {setup.sink_id!r} writes epochs above {out.high} (a new checkpoint needs "
+        "new_checkpoint='continue', as on any sink with history)"
+    )
+    out.kept.append(
+        "streaming checkpoints: delete them yourself (a query restarted on one goes on from "
+        f"its offsets, with its next micro-batches above epoch {out.high})"
     )
 
 
@@ -145,12 +176,14 @@ def retire(setup: Any, by: str) -> Retirement:
     from ._metastore import ABORTED, PENDING
     from ._setup import open_runtime
 
-    rt = open_runtime(setup)  # fences every other coordinator; the sink's init runs
+    rt = open_runtime(setup, retiring=True)  # fences every other coordinator; init runs
     try:
         caps, coordinator = rt.caps, rt.coordinator
-        staged = (
-            sorted(cast(StagedEpochs, coordinator).staged_epochs()) if caps.staged_epochs else []
-        )
+        marker = cast(TargetMarker, coordinator).read_marker() if caps.target_marker else None
+        out = _begin(rt.store, setup.sink_id, marker)
+        staged = _staged(coordinator, caps)
+        if staged:
+            out.removed.append(f"staged data of epoch(s) {staged} that no commit published")
         done = finish_stopped(rt)  # recovery: staged data without a committable deleted
         if done.failure is not None:
             raise SinkError(
@@ -163,11 +196,6 @@ def retire(setup: Any, by: str) -> Retirement:
                 "PENDING or ABORTED; publish them with `eosink recover`, or give them up with "
                 "`eosink abandon`; nothing was retired"
             )
-        marker = cast(TargetMarker, coordinator).read_marker() if caps.target_marker else None
-        out = Retirement(setup.sink_id, _high(rt.store, setup.sink_id, marker))
-        out.removed += _store_lines(rt.store, setup.sink_id)
-        if staged:
-            out.removed.append(f"staged data of epoch(s) {staged} that no commit published")
         if done.rolled:
             out.removed.append(f"{done.rolled} open rolling file(s): published")
         # 1. The meta store records the retirement (every coordinator fenced).
@@ -193,15 +221,14 @@ def retire(setup: Any, by: str) -> Retirement:
             n = journal.remove()
             if n:
                 out.removed.append(f"{n} file(s) of the batch journal in {journal.ckpt.location}")
-        if caps.staged_epochs:
-            still = sorted(cast(StagedEpochs, coordinator).staged_epochs())
-            if still:
-                out.kept.append(
-                    f"staged data under epoch(s) {still}, which are committed (it is never "
-                    "offered to an abort)"
-                )
+        still = _staged(coordinator, caps)
+        if still:
+            out.kept.append(
+                f"staged data under epoch(s) {still}, which are committed (it is never offered "
+                "to an abort)"
+            )
         _what_stays(out, caps, setup)
-        log.warning(
+        log.info(
             "sink %s retired by %s with epochs up to %d: %s",
             setup.sink_id,
             by,

@@ -291,17 +291,14 @@ def decide_stream_epoch(
 
 
 def base_of_fresh_checkpoint(
-    last_epoch: int, next_batch: int, new_checkpoint: str, retired_high: int | None = None
+    last_epoch: int, next_batch: int, new_checkpoint: str
 ) -> int | Refusal:
     """Rule 6: the epoch base of a checkpoint new to the sink (its lineage unknown), whose
     next batch id is ``next_batch``. A sink without epochs (``last_epoch`` -1) maps batch 0 to
     epoch 0. A sink with history refuses (a fresh checkpoint re-reads the source from its
     starting offsets), unless ``new_checkpoint == "continue"``: the query's epochs then
-    start right after ``last_epoch``. A sink retired with epochs up to ``retired_high`` and
-    not written since (``last_epoch`` not above it) is a new sink whose epochs start above
-    the retired ones: its first batch maps to ``retired_high + 1``."""
-    if retired_high is not None and last_epoch <= retired_high:
-        return retired_high + 1 - next_batch
+    start right after ``last_epoch``. A retired sink (``eosink retire``) has history: its
+    retired epochs count (its target still holds their rows)."""
     if last_epoch < 0:
         return -next_batch
     if new_checkpoint != "continue":

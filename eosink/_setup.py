@@ -175,16 +175,17 @@ def prepare_sink(
 
 
 def open_runtime(
-    setup: SinkSetup, lineage: str = BATCH, *, micro_batch: bool = False
+    setup: SinkSetup, lineage: str = BATCH, *, micro_batch: bool = False, retiring: bool = False
 ) -> SinkRuntime:
     """Open the setup's meta store and start its sink's coordinator (identity checked, the
     sink acquired: older coordinators are fenced). Closes the store if that fails.
 
     ``micro_batch``: the coordinator of one micro-batch of a ``format("eosink")`` stream (see
-    :attr:`SinkRuntime.micro_batch`)."""
+    :attr:`SinkRuntime.micro_batch`); ``retiring``: ``eosink retire``'s."""
     store = MetaStore(setup.metastore_url, retry_s=setup.metastore_retry_s)
     runtime = SinkRuntime(setup.plugin, setup.options, setup.sink_id, store)
     runtime.micro_batch = micro_batch
+    runtime.retiring = retiring
     try:
         runtime.start()
     except BaseException:

@@ -22,7 +22,7 @@ import pytest
 from harness import epoch_states, read_ids, read_topic
 
 import eosink
-from eosink import SinkIdentityError
+from eosink import NewCheckpointError, SinkIdentityError
 from eosink._cli import main as cli
 
 
@@ -152,7 +152,7 @@ def test_retire_then_run_again_every_builtin_sink(
 
     assert cli(args) == 0
     out = capsys.readouterr().out
-    assert f"retired sink {sid!r}" in out and "writes epochs above 1" in out, out
+    assert f"retired sink {sid!r} with epochs up to 1" in out and "above 1" in out, out
     assert epoch_states(url, sid) == {}
     s = _status(capsys, url, sid)
     assert s["retired"]["high"] == 1 and s["retired"]["by"], s
@@ -169,7 +169,7 @@ def test_retire_then_run_again_every_builtin_sink(
     assert why in capsys.readouterr().err
     assert cli([*full, "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "(none)" in out, out
+    assert "(retired before, at " in out and "epoch records" not in out, out
     if sink.own:
         assert sink.own not in out, out
     if name == "file":
@@ -198,7 +198,10 @@ def test_retire_refuses_a_pending_epoch_and_a_running_job(
     spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A PENDING epoch (complete rows, not published) is never retired away: the command
-    names ``recover`` and ``abandon``; an unknown sink_id is refused; nothing changes."""
+    names ``recover`` and ``abandon``; an unknown sink_id is refused, and a dry run of
+    another target (the wrong options) as a retirement would be; nothing changes. An epoch
+    the operator abandoned then counts as the retired sink's: its number is not reused,
+    and its loss is kept on record."""
     from eosink.faults import SimulatedCrash, simulate
 
     out, url = tmp_path / "out", f"sqlite:///{tmp_path / 'm.db'}"
@@ -214,13 +217,25 @@ def test_retire_refuses_a_pending_epoch_and_a_running_job(
     assert epoch_states(url, sid) == {"PENDING": [4]}
     assert cli([*args, "--sink-id", "file:nosuch"]) == 1
     assert "has no sink 'file:nosuch'" in capsys.readouterr().err
-    # recover publishes it; then the sink retires.
+    # Given up by the operator; then the sink retires, its loss on record.
+    abandon = ["abandon", "--metastore-url", url, "--sink-id", sid, "--epoch", "4"]
+    assert cli([*abandon, "--reason", "test", "--accept-data-loss"]) == 0
+    wrong = ["retire", sid, "--metastore-url", url, "--option", f"path={tmp_path / 'other'}"]
+    assert cli([*wrong, "--dry-run"]) == 2
+    assert f"is bound to {sid}" in capsys.readouterr().err
+    assert epoch_states(url, sid) == {"ABORTED": [4]}
     assert (
         cli(["recover", "--sink", "file", "--metastore-url", url, "--option", f"path={out}"]) == 0
     )
+    assert epoch_states(url, sid) == {}  # the abort finished: only the loss knows epoch 4
     assert cli(args) == 0
-    assert read_ids(out) == list(range(10))
+    said = capsys.readouterr().out
+    assert "with epochs up to 4" in said and "1 known loss(es) (epochs [4])" in said, said
     assert epoch_states(url, sid) == {}
+    assert [x["epoch"] for x in _status(capsys, url, sid)["losses"]] == [4]
+    r = eosink.run(spark.range(10, 20), sink="file", path=str(out), metastore_url=url)
+    assert isinstance(r, eosink.BatchResult) and r.epoch == 5 and r.committed
+    assert read_ids(out) == list(range(10, 20))
 
 
 @pytest.mark.parametrize("name", ["file", "sql"])
@@ -230,8 +245,9 @@ def test_a_retired_sinks_stream_restarted_on_its_old_checkpoint(
     """The user retires a streaming sink but restarts its query on the old checkpoint (or
     starts a new query on a new one): the old query goes on from its offsets with epochs
     above the retired ones (its checkpoint's journal still holds the retired epoch 1, which
-    is never applied again: the SQL sink's record of it is gone); a new checkpoint starts
-    right above them without ``new_checkpoint='continue'``. Every input row once."""
+    is never applied again: the SQL sink's record of it is gone); a new checkpoint is
+    refused as on any sink with history, and continues above them when asked. Every input
+    row once."""
     sink = {"file": _file, "sql": _sql}[name](tmp_path)
     inp, url = tmp_path / "in", f"sqlite:///{tmp_path / 'm.db'}"
     inp.mkdir()
@@ -241,7 +257,7 @@ def test_a_retired_sinks_stream_restarted_on_its_old_checkpoint(
     def add(where: Path, ids: range) -> None:
         (where / f"{ids.start}.json").write_text("".join(json.dumps({"id": i}) + "\n" for i in ids))
 
-    def stream(chk: str, src: Path = inp) -> list[int]:
+    def stream(chk: str, src: Path = inp, **kw: Any) -> list[int]:
         h = eosink.run(
             spark.readStream.schema("id long").option("maxFilesPerTrigger", 1).json(str(src)),
             sink=name,
@@ -249,6 +265,7 @@ def test_a_retired_sinks_stream_restarted_on_its_old_checkpoint(
             trigger={"availableNow": True},
             metastore_url=url,
             **sink.opts,
+            **kw,
         )
         assert isinstance(h, eosink.StreamingHandle)
         h.await_termination()
@@ -265,5 +282,9 @@ def test_a_retired_sinks_stream_restarted_on_its_old_checkpoint(
     other.mkdir()
     add(other, range(100, 105))
     assert cli(retire) == 0
-    assert stream("chk-new", other) == [3]  # a new checkpoint: no refusal, above epoch 2
+    # A new checkpoint re-reads its source: refused as on any sink with history (the rows
+    # of the retired sink are in the target), continued above the retired epochs when asked.
+    with pytest.raises(NewCheckpointError, match="was retired by `eosink retire`"):
+        stream("chk-new", other)
+    assert stream("chk-new", other, new_checkpoint="continue") == [3]
     assert sink.read() == list(range(30)) + list(range(100, 105))

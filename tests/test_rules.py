@@ -252,18 +252,13 @@ def test_every_refusal_has_its_error() -> None:
 def test_fresh_checkpoint_refused_on_a_sink_with_history_or_continued_above_it() -> None:
     """Rule 6 for every last epoch, next batch id and choice: a sink without epochs maps the
     query's next batch to epoch 0; one with epochs refuses a fresh checkpoint unless told to
-    continue, and then the query's next epoch is right after the sink's last. A sink retired
-    with epochs up to ``retired`` and not written since starts right above them, unasked."""
+    continue, and then the query's next epoch is right after the sink's last."""
     from eosink._rules import Refusal, base_of_fresh_checkpoint
 
-    for last, nxt, choice, retired in itertools.product(
-        range(-1, 6), range(5), ("refuse", "continue"), (None, 0, 2)
-    ):
-        got = base_of_fresh_checkpoint(last, nxt, choice, retired)
-        ctx = (last, nxt, choice, retired, got)
-        if retired is not None and last <= retired:
-            assert not isinstance(got, Refusal) and got + nxt == retired + 1, ctx
-        elif last < 0:
+    for last, nxt, choice in itertools.product(range(-1, 6), range(5), ("refuse", "continue")):
+        got = base_of_fresh_checkpoint(last, nxt, choice)
+        ctx = (last, nxt, choice, got)
+        if last < 0:
             assert got == -nxt, ctx
         elif choice == "refuse":
             assert got == Refusal("fresh-checkpoint"), ctx

@@ -85,13 +85,22 @@ def cmd_retire(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         plan = survey(setup)
-        print(f"eosink retire --dry-run: retiring sink {setup.sink_id!r} would remove:")
+        again = f" (retired before, {plan.already})" if plan.already else ""
+        print(f"eosink retire --dry-run: retiring sink {setup.sink_id!r}{again} would remove:")
     else:
         by = f"{getpass.getuser()}@{socket.gethostname()}"
         plan = retire(setup, by)
-        print(f"retired sink {setup.sink_id!r}; removed:")
+        if plan.already:
+            print(
+                f"sink {setup.sink_id!r} was retired before ({plan.already}); retired again "
+                f"with epochs up to {plan.high}; removed:"
+            )
+        else:
+            print(f"retired sink {setup.sink_id!r} with epochs up to {plan.high}; removed:")
     for line in plan.removed:
         print(f"  - {line}")
+    if not plan.removed:
+        print("  - nothing: none of it was left")
     print("kept:")
     for line in plan.kept:
         print(f"  - {line}")

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from . import statements
 from .base import StoreBase
 from .engine import _greatest
-from .models import EpochRow, LossRow, SinkRow
+from .models import EpochRow, SinkRow
 from .records import BATCH_ORIGINS, SinkRecord
 
 log = logging.getLogger("eosink.metastore")
@@ -184,17 +184,17 @@ class SinkOps(StoreBase):
 
     def retire(self, sink_id: str, generation: int, *, high: int, by: str) -> SinkRecord:
         """``eosink retire``: in one transaction (fenced by ``generation``, which it bumps:
-        every coordinator of the sink is fenced), delete the sink's epochs and known losses
-        and keep its row as the record of the retirement: no lineage, no schema, no error,
-        epochs up to ``high`` counted as committed (:meth:`max_epoch`), ``retired_high``,
-        ``retired_at`` and ``retired_by`` set. Its target binding stays."""
+        every coordinator of the sink is fenced), delete the sink's epochs (its known losses
+        stay: a loss is recorded for ever) and keep its row as the record of the retirement:
+        no lineage, no schema, no error, epochs up to ``high`` counted as committed
+        (:meth:`max_epoch`), ``retired_high``, ``retired_at`` and ``retired_by`` set. Its
+        target binding stays."""
 
         def run(_: int) -> SinkRecord:
             now = time.time()
             with self._tx() as conn:
                 self._fence(conn, sink_id, generation)
                 conn.execute(delete(EpochRow).where(EpochRow.sink_id == sink_id))
-                conn.execute(delete(LossRow).where(LossRow.sink_id == sink_id))
                 conn.execute(
                     update(SinkRow)
                     .where(SinkRow.sink_id == sink_id)

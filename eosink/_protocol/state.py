@@ -44,6 +44,58 @@ from .threads import Heartbeat
 log = logging.getLogger("eosink")
 
 
+def check_identity(
+    store: Any,
+    sid: str,
+    existing: Any,
+    plugin: str,
+    target: str | None,
+    marker: dict[str, Any] | None,
+) -> tuple[int | None, dict[str, Any] | None]:
+    """The start's identity checks (also ``eosink retire --dry-run``'s), from the sink's row
+    in ``store`` (``existing``), the plugin's name, the coordinator's target and the target's
+    marker. Returns the epoch up to which the store must take the sink over from the marker
+    (None: it need not) and the retirement the marker records (None: none).
+
+    Raises:
+        SinkIdentityError: the sink_id is bound to another target or plugin, or the meta
+            store is behind the target's marker.
+    """
+    if existing is not None and existing.plugin != plugin:
+        raise SinkIdentityError(
+            f"sink_id {sid!r} belongs to a {existing.plugin!r} sink in meta store "
+            f"{store.url_redacted}; this run is a {plugin!r} sink. "
+            "Give this sink its own sink_id="
+        )
+    if existing is not None and existing.target and target and existing.target != target:
+        raise SinkIdentityError(
+            f"sink_id {sid!r} is bound to {existing.target} (meta store "
+            f"{store.url_redacted}), but this run writes to {target}. A sink_id names "
+            "one target, because its committed epochs are recorded against it: pass another "
+            "sink_id= for this target, or leave sink_id unset (the default is derived from "
+            "the target)"
+        )
+    known = store.max_epoch(sid) if existing is not None else -1
+    marked = int(marker.get("last_epoch", -1)) if marker else -1
+    retired = marker.get("retired") if marker else None
+    if isinstance(retired, dict) and isinstance(retired.get("high"), int):
+        # A retired sink's marker: its target's own record of the epochs (a SQL sink's
+        # sql_epochs rows) may be gone; the retirement keeps the highest.
+        marked = max(marked, int(retired["high"]))
+    else:
+        retired = None
+    if marker is None or marked <= known:
+        return None, retired
+    if known >= 0:
+        raise SinkIdentityError(
+            f"the target of sink {sid!r} holds committed epochs up to {marked} (its "
+            f"eosink marker), but meta store {store.url_redacted} knows only up to "
+            f"{known}: it is not the store this sink was written with, or an older copy "
+            "of it. Run with the meta store the sink was written with (metastore_url=)"
+        )
+    return marked, retired
+
+
 @dataclass
 class _State:
     """One live coordinator of one sink_id, with its fencing generation.
@@ -104,6 +156,8 @@ class _State:
     that ``eosink status``, ``recover`` and ``abandon`` count the query as running, on any
     host, until its heartbeat is stale (:data:`~eosink._metastore.HEARTBEAT_STALE_SECONDS`
     after its last micro-batch)."""
+    retiring: bool = False
+    """``eosink retire``'s runtime: the start does not announce a run after a retirement."""
     after_inline: bool = field(init=False, default=False)
     """The stream's previous driver committed inline (:meth:`open_stream`): its PENDING
     epochs may be committed in part, so this start commits them all (:meth:`start_recovery`)."""
@@ -178,40 +232,13 @@ class _State:
         self.caps = capabilities_of(self.plugin, self.coordinator)
         self.coordinator.init()
         target = self.coordinator.target_id()
-        if existing is not None and existing.plugin != self.plugin.name:
-            raise SinkIdentityError(
-                f"sink_id {sid!r} belongs to a {existing.plugin!r} sink in meta store "
-                f"{self.store.url_redacted}; this run is a {self.plugin.name!r} sink. "
-                "Give this sink its own sink_id="
-            )
-        if existing is not None and existing.target and target and existing.target != target:
-            raise SinkIdentityError(
-                f"sink_id {sid!r} is bound to {existing.target} (meta store "
-                f"{self.store.url_redacted}), but this run writes to {target}. A sink_id names "
-                "one target, because its committed epochs are recorded against it: pass another "
-                "sink_id= for this target, or leave sink_id unset (the default is derived from "
-                "the target)"
-            )
         marker = (
             cast(TargetMarker, self.coordinator).read_marker() if self.caps.target_marker else None
         )
-        known = self.store.max_epoch(sid) if existing is not None else -1
-        marked = int(marker.get("last_epoch", -1)) if marker else -1
-        retired = marker.get("retired") if marker else None
-        if isinstance(retired, dict) and isinstance(retired.get("high"), int):
-            # A retired sink's marker: its target's own record of the epochs (a SQL sink's
-            # sql_epochs rows) may be gone; the retirement keeps the highest.
-            marked = max(marked, int(retired["high"]))
-        else:
-            retired = None
-        if marker is not None and marked > known:
-            if known >= 0:
-                raise SinkIdentityError(
-                    f"the target of sink {sid!r} holds committed epochs up to {marked} (its "
-                    f"eosink marker), but meta store {self.store.url_redacted} knows only up to "
-                    f"{known}: it is not the store this sink was written with, or an older copy "
-                    "of it. Run with the meta store the sink was written with (metastore_url=)"
-                )
+        marked, retired = check_identity(
+            self.store, sid, existing, self.plugin.name, target, marker
+        )
+        if marked is not None:
             self.adopted_last = marked
         rec = self.store.acquire(
             sid, self.plugin.name, None, note=FORMAT_STREAM_OWNER if self.micro_batch else None
@@ -224,17 +251,22 @@ class _State:
                 "(epochs up to %d count as committed)",
                 sid,
                 self.store.url_redacted,
-                marked,
-                marked,
+                self.adopted_last,
+                self.adopted_last,
             )
-            self.store.adopt(sid, self.generation, last_epoch=marked)
+            self.store.adopt(sid, self.generation, last_epoch=self.adopted_last)
             if retired is not None:
                 self.store.set_retired(sid, self.generation, retired)
             if marker.get("lineage"):
                 self.store.set_lineage(
                     sid, self.generation, str(marker["lineage"]), int(marker["epoch_base"])
                 )
-        elif marker is None and known >= 0 and self.caps.target_marker:
+        elif (
+            marker is None
+            and self.caps.target_marker
+            and existing is not None
+            and (known := self.store.max_epoch(sid)) >= 0
+        ):
             log.warning(
                 "sink %s: the meta store has epochs up to %d but the target has no eosink "
                 "marker (was the target deleted or recreated?); writing a new one",
@@ -265,7 +297,7 @@ class _State:
     def _say_retired(self) -> None:
         """At the first start after ``eosink retire``: say where this run's epochs start."""
         rec = self.store.sink(self.sink_id)
-        if rec is None or rec.retired_high is None:
+        if rec is None or rec.retired_high is None or self.retiring:
             return
         if self.store.max_epoch(self.sink_id) <= rec.retired_high:
             log.warning(

@@ -65,7 +65,17 @@ class _Streams(_Decisions):
             # The store knows another stream of the sink, or none: this checkpoint's own
             # journal says which epochs are its (a driver on another machine, another meta
             # store, or another query of the sink ran since on its own checkpoint).
-            if kept.get("lineage") == lineage:
+            if kept.get("lineage") == lineage and rec.retired_high is not None and not rec.lineage:
+                log.warning(
+                    "sink %s was retired by `eosink retire` %s (epochs up to %d) since this "
+                    "query last ran on checkpoint %s; it resumes from eosink's journal in the "
+                    "checkpoint, with its next epochs above the retired ones",
+                    sid,
+                    retired_by_whom(rec),
+                    rec.retired_high,
+                    ckpt.location,
+                )
+            elif kept.get("lineage") == lineage:
                 log.warning(
                     "sink %s: meta store %s has no record of this sink's stream on checkpoint "
                     "%s (a driver on another machine, another meta store, or another query of "
@@ -76,6 +86,7 @@ class _Streams(_Decisions):
                     ckpt.location,
                     int(kept["epoch_base"]),
                 )
+            if kept.get("lineage") == lineage:
                 self.store.set_lineage(sid, self.generation, lineage, int(kept["epoch_base"]))
                 rec = self.store.sink(sid)
                 assert rec is not None
@@ -89,29 +100,26 @@ class _Streams(_Decisions):
             self.write_marker()
             return base
         last = self.store.max_epoch(sid)
-        fresh = base_of_fresh_checkpoint(last, nxt, new_checkpoint, rec.retired_high)
+        fresh = base_of_fresh_checkpoint(last, nxt, new_checkpoint)
         if isinstance(fresh, Refusal):
             assert fresh.reason == "fresh-checkpoint", fresh
+            retired = (
+                f" (sink {sid!r} was retired by `eosink retire` {retired_by_whom(rec)}, with "
+                f"epochs up to {rec.retired_high}: its target still holds their rows)"
+                if rec.retired_high is not None and last <= rec.retired_high
+                else ""
+            )
             raise NewCheckpointError(
-                f"sink {sid!r} already has epochs up to {last} written by other runs, and "
-                f"checkpoint_location {ckpt.location!r} is new to it. A fresh checkpoint "
-                "re-reads the source from its starting offsets, which would duplicate "
-                "rows. Restart with the original checkpoint_location, or pass "
+                f"sink {sid!r} already has epochs up to {last} written by other "
+                f"runs{retired}, and checkpoint_location {ckpt.location!r} is new to it. "
+                "A fresh checkpoint re-reads the source from its starting offsets, which "
+                "would duplicate rows. Restart with the original checkpoint_location, or pass "
                 "new_checkpoint='continue' to write this query's epochs after "
                 f"epoch {last} (right when the new query's source starts where the old "
                 "stopped)."
             )
         base = fresh
-        if rec.retired_high is not None and last <= rec.retired_high:
-            log.warning(
-                "sink %s was retired (eosink retire, %s) with epochs up to %d: this query's "
-                "epochs start at %d",
-                sid,
-                retired_by_whom(rec),
-                rec.retired_high,
-                rec.retired_high + 1,
-            )
-        elif last >= 0:
+        if last >= 0:
             log.warning(
                 "sink %s: new checkpoint %s; continuing on a new epoch range from %d",
                 sid,
