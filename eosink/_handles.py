@@ -21,7 +21,7 @@ from ._stream import (
     finish_stream,
     wait_committed,
 )
-from .errors import EosinkError
+from .errors import EosinkError, FencedError
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
@@ -198,6 +198,13 @@ class StreamingHandle:
             return False  # e.g. KeyboardInterrupt: the server's query runs on; stop() ends it
         try:
             self._finish()
+        except FencedError as fenced:  # another coordinator took the sink over: it finishes
+            log.warning(
+                "sink %s: the stopped stream leaves what it had to the coordinator that took "
+                "the sink over (%s)",
+                self.sink_id,
+                " ".join(str(fenced).split()),
+            )
         except Exception:
             log.exception("sink %s: finishing the stopped stream failed", self.sink_id)
         failed = live.committer.error if live is not None and live.committer is not None else None
