@@ -46,7 +46,7 @@ from .errors import FencedError
 
 log = logging.getLogger("eosink")
 
-__all__ = ["Entry", "Journal"]
+__all__ = ["Entry", "Journal", "beside_target"]
 
 _KEEP_GENERATIONS = 3
 """Generation files kept (older ones are deleted; a zombie still sees a newer one)."""
@@ -310,6 +310,17 @@ class Journal:
         """The newest committed batch epoch recorded, or -1."""
         names = self.ckpt.list_names(f"{self.dir}/committed")
         return max((int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()), default=-1)
+
+
+def beside_target(coordinator: Any, journal_home: bool, sink_id: str) -> Journal | None:
+    """The journal beside the target of ``coordinator`` (``journal_home``: its plugin declares
+    :class:`~eosink.JournalHome`), or None where the sink has none."""
+    if not journal_home:
+        return None
+    location = coordinator.journal_location()
+    if not location:
+        return None
+    return Journal(CheckpointDir(None, location), sink_id, prefix="")
 
 
 def record_all(journals: list[Journal], entry: Entry) -> None:

@@ -29,8 +29,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from ._journal import Journal
-from ._mixins import JournalHome, Retirable, StagedEpochs, TargetMarker
+from ._journal import beside_target
+from ._mixins import Retirable, StagedEpochs, TargetMarker
 from .errors import SinkError
 
 log = logging.getLogger("eosink")
@@ -51,17 +51,6 @@ class Retirement:
     """What stays, and why."""
     already: str | None = None
     """``at <time> by <who>`` when the sink was retired before (a retirement run again)."""
-
-
-def _journal(coordinator: Any, caps: Any, sink_id: str) -> Journal | None:
-    from ._checkpoint import CheckpointDir
-
-    if not caps.journal_home:
-        return None
-    location = cast(JournalHome, coordinator).journal_location()
-    if not location:
-        return None
-    return Journal(CheckpointDir(None, location), sink_id, prefix="")
 
 
 def _high(store: Any, sink_id: str, marker: dict[str, Any] | None) -> int:
@@ -130,7 +119,7 @@ def survey(setup: Any) -> Retirement:
             out.removed.append(f"staged data of epoch(s) {staged} that no commit published")
         if caps.retirable:
             out.removed += cast(Retirable, coordinator).retire_records(dry_run=True)
-        journal = _journal(coordinator, caps, setup.sink_id)
+        journal = beside_target(coordinator, caps.journal_home, setup.sink_id)
         if journal is not None:
             n = len(journal.files())
             if n:
@@ -216,7 +205,7 @@ def retire(setup: Any, by: str) -> Retirement:
         if caps.retirable:
             out.removed += cast(Retirable, coordinator).retire_records(dry_run=False)
         # 4. The batch journal beside the target (and the target journal of its streams).
-        journal = _journal(coordinator, caps, setup.sink_id)
+        journal = rt.target_journal()
         if journal is not None:
             n = journal.remove()
             if n:

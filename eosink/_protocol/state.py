@@ -10,8 +10,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from .. import _metrics
-from .._checkpoint import CheckpointDir
-from .._journal import Entry, Journal
+from .._journal import Entry, Journal, beside_target
 from .._metastore import (
     BATCH,
     BATCH_ORIGINS,
@@ -31,7 +30,6 @@ from ..errors import (
 )
 from ..sink import (
     Capabilities,
-    JournalHome,
     Rolling,
     SinkCommitCoordinator,
     SinkPlugin,
@@ -164,10 +162,8 @@ class _State:
 
     def target_journal(self) -> Journal | None:
         """The journal beside the target, if the sink has one (opened once)."""
-        if self._target is None and self.caps.journal_home:
-            location = cast(JournalHome, self.coordinator).journal_location()
-            if location:
-                self._target = Journal(CheckpointDir(None, location), self.sink_id, prefix="")
+        if self._target is None:
+            self._target = beside_target(self.coordinator, self.caps.journal_home, self.sink_id)
         return self._target
 
     def import_target_journal(self) -> None:
