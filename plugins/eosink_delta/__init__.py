@@ -1,0 +1,1 @@
+"""eosink's ``delta`` sink (Delta Lake tables through delta-rs); see ``plugin.py``."""

@@ -1,0 +1,181 @@
+"""The native path: Spark's own Parquet writer stages an epoch's Delta data files.
+
+Delta's data files are plain Parquet, so Spark writes them itself and the rows never leave
+the JVM. On the driver, :func:`write_epoch`:
+
+1. selects the DataFrame's columns cast to the table's types (after ``writer_setup``'s
+   evolution; timestamps as INT64 microseconds, as Delta reads them);
+2. writes them with ``DataFrameWriter.parquet`` into a fresh directory of the table,
+   ``eosink-<sink key>-e<epoch>-<attempt>/`` (``partitionBy`` the table's partition columns,
+   which Spark keeps out of the files, as Delta wants them; no ``_SUCCESS``), so that
+   ``abort(epoch, None)`` and ``staged_epochs`` find everything it wrote; Spark's commit
+   protocol keeps failed task attempts out. An upsert epoch's changes go, unpartitioned,
+   into its staged-changes directory;
+3. lists what it wrote and describes each file from its Parquet footer (size, rows, Delta
+   statistics, partition values from its directory with Spark's escaping undone; a NULL in a
+   NOT NULL column is refused here, before anything is persisted).
+
+The results have the Python writers' shape, so ``pre_commit``, ``commit`` and recovery do not
+know which path ran. :func:`unsupported` says where this path cannot write (then the Python
+writers run): an ``s3://`` table (Spark would need Hadoop's S3A and its credentials).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from eosink import SchemaMismatchError
+
+from .layout import changes_dir, epoch_dir, unescape, walk_files
+from .options import DeltaSinkOptions, filesystem
+from .stats import file_stats
+from .writer import Setup, required_message
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from pyspark.sql import DataFrame
+
+__all__ = ["unsupported", "write_epoch"]
+
+log = logging.getLogger("eosink.delta")
+
+_WRITE_CONF = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.writeLegacyFormat": "false",
+}
+
+
+def unsupported(opts: DeltaSinkOptions, schema: pa.Schema) -> str | None:
+    """Why Spark's writer cannot stage this sink's epochs, or None."""
+    if opts.on_s3:
+        return "the table is on s3:// (Spark would need Hadoop's S3A): Python writers stage it"
+    return None
+
+
+@contextmanager
+def _session_conf(spark: Any, conf: dict[str, str]) -> Iterator[None]:
+    old = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
+
+
+def _columns(df: DataFrame, setup: Setup, opts: DeltaSinkOptions) -> list[Any]:
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_type
+
+    out = []
+    for name in df.columns:
+        col = F.col(f"`{name.replace('`', '``')}`")
+        if opts.mode == "append" and name in setup.schema.names:
+            col = col.cast(from_arrow_type(setup.schema.field(name).type))
+        out.append(col.alias(name))
+    return out
+
+
+def write_epoch(
+    opts: DeltaSinkOptions, sink_id: str, df: DataFrame, epoch: int, attempt: str, setup: Setup
+) -> list[dict[str, Any]]:
+    """Stage ``df`` with Spark's Parquet writer; return one write result (the Python writers'
+    shape: ``{"files": [...], "rows": n}``, or ``{"changes": [...]}`` for upserts).
+
+    Raises:
+        SchemaMismatchError: a null in a NOT NULL column of the table.
+    """
+    upsert = opts.mode == "upsert"
+    rel = changes_dir(sink_id, epoch, attempt) if upsert else epoch_dir(sink_id, epoch, attempt)
+    parts = [] if upsert else list(setup.partition_by)
+    writer = df.select(*_columns(df, setup, opts)).write.mode("overwrite")
+    writer = writer.option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
+    writer = writer.option(
+        "compression", "none" if opts.compression == "uncompressed" else opts.compression
+    )
+    if parts:
+        writer = writer.partitionBy(*parts)
+    t0 = time.perf_counter()
+    with _session_conf(df.sparkSession, _WRITE_CONF):
+        writer.parquet(f"{opts.path}/{rel}")
+    files = describe(opts, setup, rel, parts, indexed=not upsert)
+    log.info(
+        "delta: epoch %d of %s staged by Spark's Parquet writer: %d file(s) in %.2f s",
+        epoch,
+        sink_id,
+        len(files),
+        time.perf_counter() - t0,
+    )
+    rows = sum(f["rows"] for f in files)
+    if upsert:
+        for f in files:
+            f.pop("stats", None)
+            f.pop("partition_values", None)
+        return [{"changes": files, "rows": rows}]
+    return [{"files": files, "rows": rows}]
+
+
+def describe(
+    opts: DeltaSinkOptions, setup: Setup, rel: str, parts: list[str], *, indexed: bool
+) -> list[dict[str, Any]]:
+    """The ``add`` descriptions of the Parquet files under ``rel`` (see the module docstring)."""
+    import pyarrow.parquet as pq
+
+    fs, root = filesystem(opts)
+    required = [f.name for f in setup.schema if not f.nullable]
+    out = []
+    for path, info in sorted(walk_files(fs, root, rel)):
+        name = path.rsplit("/", 1)[-1]
+        if not name.endswith(".parquet") or name.startswith(("_", ".")):
+            continue
+        values: dict[str, str | None] = {}
+        for segment in path[len(rel) + 1 :].split("/")[:-1]:
+            col, _, text = segment.partition("=")
+            if col in parts:
+                values[col] = unescape(text)
+        with fs.open_input_file(f"{root}/{path}") as fh:
+            meta = pq.read_metadata(fh)
+        schema = meta.schema.to_arrow_schema()
+        for col in required:
+            if col in schema.names:
+                n = _nulls(meta, col)
+                if n:
+                    raise SchemaMismatchError(required_message(opts.path, col, n))
+            elif col in values and values[col] is None:
+                raise SchemaMismatchError(required_message(opts.path, col, 1))
+        cols = [c for c in setup.indexed if c in schema.names] if indexed else []
+        out.append(
+            {
+                "path": path,
+                "size": int(info.size),
+                "partition_values": {c: values.get(c) for c in parts},
+                "rows": int(meta.num_rows),
+                "stats": file_stats(meta, schema, cols),
+            }
+        )
+    return out
+
+
+def _nulls(meta: Any, column: str) -> int:
+    total = 0
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        for i in range(rg.num_columns):
+            c = rg.column(i)
+            if c.path_in_schema == column:
+                s = c.statistics
+                if s is None or not s.has_null_count:
+                    return 0  # unknown: Spark's writer keeps the counts, so this is rare
+                total += s.null_count
+    return total
