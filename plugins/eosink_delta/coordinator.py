@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
 from eosink import (
-    CommitFailedError,
     CommitOutcome,
-    CommitStateUnknownError,
     ConfigError,
     Prepared,
     SinkCommitCoordinator,
@@ -39,8 +36,9 @@ from eosink import (
 )
 from eosink.util import abandon_hint, sink_key
 
-from . import changes, epochs, layout, table
-from .options import DeltaSinkOptions, filesystem, redact
+from . import changes, commit, epochs, table
+from .cleanup import Staging
+from .options import DeltaSinkOptions, redact
 from .stats import indexed_columns
 from .writer import Setup
 
@@ -64,8 +62,7 @@ class DeltaCoordinator(
         self.marker_prop = f"eosink.{sink_key(sink_id)}.marker"
         self._dt: Any = None
         self._pending_marker: str | None = None
-        self._fs: Any = None
-        self._root = ""
+        self.staging = Staging(opts, sink_id)
         self.commits = 0
 
     # -- the table ---------------------------------------------------------------------
@@ -90,11 +87,6 @@ class DeltaCoordinator(
                     redact(f"cannot read the Delta table at {self.opts.path}: {exc}", self.opts)
                 ) from None
         return self._dt
-
-    def _files(self) -> tuple[Any, str]:
-        if self._fs is None:
-            self._fs, self._root = filesystem(self.opts)
-        return self._fs, self._root
 
     # -- the sink's marker in the table (TargetMarker) -----------------------------------
     def read_marker(self) -> dict[str, Any] | None:
@@ -229,7 +221,7 @@ class DeltaCoordinator(
                     "which the table already has: its changes would overwrite newer ones. "
                     "Write it under a new epoch (no epoch=). Nothing was committed"
                 )
-            fs, root = self._files()
+            fs, root = self.staging.files()
             cols = list(
                 dict.fromkeys(
                     [*self.opts.keys, *([self.opts.order_by] if self.opts.order_by else [])]
@@ -258,7 +250,7 @@ class DeltaCoordinator(
             raise SinkError(f"the Delta table at {self.opts.path} disappeared")
         look = t.transaction_version
         if epochs.is_committed(self.ids, epoch, look):
-            self._sweep(epoch, committable)
+            self.staging.sweep(epoch, committable)
             return CommitOutcome.already_committed("the table's app transactions have it")
         table.check_table(self.opts, t)  # a feature enabled while the epoch was PENDING
         txns = epochs.txns_for(self.ids, epoch, look)
@@ -268,170 +260,27 @@ class DeltaCoordinator(
                 f"newest epoch {epochs.last_epoch(self.ids, look)}: applying it now would "
                 "overwrite newer changes. " + abandon_hint(self.sink_id, epoch)
             )
-        props = self._commit_properties(epoch, txns)
+        props = commit.commit_properties(self.sink_id, epoch, txns)
+        fs, root = self.staging.files()
         try:
             if committable["mode"] == "upsert":
-                self._merge(t, epoch, committable, props)
+                staged = [f["path"] for f in committable["changes"] if f["rows"]]
+                commit.check_present(fs, root, self.sink_id, epoch, staged, "staged change")
+                data = changes.read_changes(fs, root, staged, None)
+                commit.merge_epoch(self.opts, t, data, self.sink_id, epoch, props)
             else:
-                self._append(t, epoch, committable, props)
+                files = committable["files"]
+                paths = [f["path"] for f in files]
+                commit.check_present(fs, root, self.sink_id, epoch, paths, "data")
+                commit.append(t, files, props)
         except (SinkError, ConfigError):
             raise
         except Exception as exc:
-            raise self._commit_error(epoch, exc) from None
+            raise commit.commit_error(self.opts, epoch, exc) from None
         fault_point("mid_commit")
         self.commits += 1
-        self._sweep(epoch, committable)
+        self.staging.sweep(epoch, committable)
         return None
-
-    def _commit_properties(self, epoch: int, txns: dict[str, int]) -> Any:
-        from deltalake.transaction import CommitProperties, Transaction
-
-        return CommitProperties(
-            app_transactions=[Transaction(app, v) for app, v in txns.items()],
-            custom_metadata={"eosink.sink_id": self.sink_id, "eosink.epoch": str(epoch)},
-        )
-
-    def _append(self, t: Any, epoch: int, committable: dict[str, Any], props: Any) -> None:
-        from deltalake.transaction import AddAction
-
-        files = committable["files"]
-        self._check_present(epoch, [f["path"] for f in files], "data")
-        now = int(time.time() * 1000)
-        actions = [
-            AddAction(f["path"], int(f["size"]), f["partition_values"], now, True, f["stats"])
-            for f in files
-        ]
-        parts = list(t.metadata().partition_columns)
-        t.create_write_transaction(
-            actions,
-            mode="append",
-            schema=t.schema(),
-            partition_by=parts or None,
-            commit_properties=props,
-        )
-
-    def _merge(self, t: Any, epoch: int, committable: dict[str, Any], props: Any) -> None:
-        staged = [f["path"] for f in committable["changes"] if f["rows"]]
-        self._check_present(epoch, staged, "staged change")
-        fs, root = self._files()
-        data = changes.read_changes(fs, root, staged, None)
-        have = table.arrow_schema(t)
-        if data.num_rows == 0:
-            # Nothing to merge: the epoch's app transactions alone, in an empty commit.
-            t.create_write_transaction(
-                [], mode="append", schema=t.schema(), commit_properties=props
-            )
-            return
-        won = changes.winners(self.opts, data)
-        cols = [c for c in won.column_names if c in have.names]
-        source = pa.Table.from_arrays(
-            [won.column(c).cast(have.field(c).type) for c in cols] + [won.column(changes.DELETE)],
-            names=[*cols, changes.DELETE],
-        )
-        metrics = changes.merge(self.opts, t, source, props)
-        log.info(
-            "delta sink %s epoch %d: merged %d changes (%s inserted, %s updated, %s deleted)",
-            self.sink_id,
-            epoch,
-            source.num_rows,
-            metrics.get("num_target_rows_inserted"),
-            metrics.get("num_target_rows_updated"),
-            metrics.get("num_target_rows_deleted"),
-        )
-
-    def _commit_error(self, epoch: int, exc: BaseException) -> Exception:
-        from deltalake.exceptions import CommitFailedError as DeltaCommitFailed
-
-        text = redact(
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", self.opts
-        )
-        if isinstance(exc, DeltaCommitFailed):
-            return CommitFailedError(
-                f"delta commit of epoch {epoch} conflicted with another writer: {text}"
-            )
-        return CommitStateUnknownError(f"delta commit of epoch {epoch}: {text}")
-
-    def _check_present(self, epoch: int, paths: list[str], kind: str) -> None:
-        """Refuse to commit an epoch whose files are gone (a ``VACUUM`` with a short
-        retention, a lifecycle rule, while the epoch was PENDING): the table would reference
-        missing files.
-
-        Raises:
-            SinkError: naming the missing files and ``eosink abandon``.
-        """
-        if not paths:
-            return
-        from pyarrow import fs as pafs
-
-        fs, root = self._files()
-        infos = fs.get_file_info([f"{root}/{p}" for p in paths])
-        missing = [p for p, i in zip(paths, infos, strict=True) if i.type != pafs.FileType.File]
-        if not missing:
-            return
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise SinkError(
-            f"delta sink {self.sink_id}: epoch {epoch} cannot be committed: {len(missing)} of its "
-            f"{len(paths)} {kind} files are gone ({', '.join(missing[:3])}{more}). They were "
-            "deleted while the epoch was PENDING (VACUUM with a retention shorter than the "
-            "epoch's wait, or a storage lifecycle rule); committing them would leave the table "
-            "referencing missing files. " + abandon_hint(self.sink_id, epoch)
-        )
-
-    # -- cleanup ----------------------------------------------------------------------------
-    def _epoch_dirs(self, epoch: int) -> list[str]:
-        fs, root = self._files()
-        return [d for d in layout.top_dirs(fs, root) if layout.epoch_of(self.sink_id, d) == epoch]
-
-    def _changes_dirs(self, epoch: int | None) -> list[str]:
-        fs, root = self._files()
-        base = layout.changes_root(self.sink_id)
-        return [
-            f"{base}/{d}"
-            for d in layout.top_dirs(fs, root, base)
-            if epoch is None or layout.changes_epoch_of(d) == epoch
-        ]
-
-    def _delete_dirs(self, dirs: Iterable[str]) -> None:
-        fs, root = self._files()
-        for d in dirs:
-            try:
-                fs.delete_dir(f"{root}/{d}")
-            except FileNotFoundError:
-                pass
-
-    def _sweep(self, epoch: int, committable: dict[str, Any]) -> None:
-        """After the epoch's commit: delete its staged changes and the directories of its
-        attempts that the commit did not take (dead and failed task attempts)."""
-        keep = {f["path"].split("/", 1)[0] for f in committable.get("files", [])}
-        self._delete_dirs([d for d in self._epoch_dirs(epoch) if d not in keep])
-        self._delete_dirs(self._changes_dirs(epoch))
-
-    def _committed_dirs(self, t: Any, epoch: int) -> set[str] | None:
-        """The data directories the commit of ``epoch`` (in the table) named, read from that
-        commit's log entry, found by its commit info from the newest version back; None when
-        it is not found (the log cleaned up that far back)."""
-        limit = 16
-        while True:
-            history = t.history(limit)
-            for h in history:
-                if h.get("eosink.sink_id") == self.sink_id and h.get("eosink.epoch") == str(epoch):
-                    return self._dirs_of_version(int(h["version"]))
-            if len(history) < limit or limit >= 4096:
-                return None
-            limit *= 4
-
-    def _dirs_of_version(self, version: int) -> set[str]:
-        from urllib.parse import unquote
-
-        fs, root = self._files()
-        with fs.open_input_stream(f"{root}/_delta_log/{version:020d}.json") as fh:
-            lines = fh.read().decode().splitlines()
-        out = set()
-        for line in lines:
-            add = json.loads(line).get("add") if line.strip() else None
-            if add:
-                out.add(unquote(add["path"]).split("/", 1)[0])
-        return out
 
     def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
         try:
@@ -439,26 +288,7 @@ class DeltaCoordinator(
             committed = t is not None and epochs.is_committed(
                 self.ids, epoch, t.transaction_version
             )
-            dirs = self._epoch_dirs(epoch)
-            if committed and dirs:
-                # A replay of a committed epoch (format("eosink")'s): only what its commit did
-                # not take; the committed files are the table's (VACUUM deletes them).
-                keep = self._committed_dirs(t, epoch)
-                if keep is None:
-                    log.warning(
-                        "delta sink %s: epoch %d is in the table but its commit is no longer in "
-                        "the log: its directories %s are kept (VACUUM removes what no version "
-                        "references)",
-                        self.sink_id,
-                        epoch,
-                        dirs,
-                    )
-                dirs = [d for d in dirs if keep is not None and d not in keep]
-            dirs += self._changes_dirs(epoch)
-            for i, d in enumerate(dirs):
-                self._delete_dirs([d])
-                if i == 0 and len(dirs) > 1:
-                    fault_point("mid_abort")  # crash tests stop between two directories
+            self.staging.abort(t, epoch, committed)
         except Exception as exc:  # never raise: the next start finds it again (staged_epochs)
             log.warning(
                 "delta sink %s: abort of epoch %d left files behind: %s",
@@ -468,22 +298,12 @@ class DeltaCoordinator(
             )
 
     def staged_epochs(self) -> Iterable[int]:
-        fs, root = self._files()
         t = self._table()
         look = t.transaction_version if t is not None else (lambda _app: None)
         found = {
-            e
-            for d in layout.top_dirs(fs, root)
-            if (e := layout.epoch_of(self.sink_id, d)) is not None
+            e for e in self.staging.data_epochs() if not epochs.is_committed(self.ids, e, look)
         }
-        staged = {e for e in found if not epochs.is_committed(self.ids, e, look)}
-        base = layout.changes_root(self.sink_id)
-        staged |= {
-            e
-            for d in layout.top_dirs(fs, root, base)
-            if (e := layout.changes_epoch_of(d)) is not None
-        }
-        return sorted(staged)
+        return sorted(found | self.staging.changes_epochs())
 
 
 def make_coordinator(opts: DeltaSinkOptions, sink_id: str) -> DeltaCoordinator:
