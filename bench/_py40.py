@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -51,6 +52,41 @@ def jar(log: Callable[[str], None]) -> Path:
     if got != ICEBERG_SHA1:
         part.unlink()
         raise RuntimeError(f"{name}: sha1 {got}, expected {ICEBERG_SHA1}")
+    part.replace(dst)
+    return dst
+
+
+DELTA = "4.4.0"
+DELTA_JARS = {
+    # Delta Lake's Spark connector built for Spark 4.0, and its storage layer; Maven
+    # Central's sha1s. The reference reader (and writer) of the delta sink's tests and bench.
+    "delta-spark_4.0_2.13": "853edc8e1c2a415a2cbde4abfb3ebed8e85fa40e",
+    "delta-storage": "a068e489ce20d7f79bc4ca2d3392f12adbb69ddd",
+}
+
+
+def delta_jars(log: Callable[[str], None]) -> list[Path]:
+    """Delta Lake's Spark jars for the pyspark 4.0 environment, downloaded once, sha1 checked."""
+    out = []
+    for artifact, sha1 in DELTA_JARS.items():
+        name = f"{artifact}-{DELTA}.jar"
+        out.append(_download(f"{MAVEN}/io/delta/{artifact}/{DELTA}/{name}", name, sha1, log))
+    return out
+
+
+def _download(url: str, name: str, sha1: str, log: Callable[[str], None]) -> Path:
+    dst = cache_root() / "jars" / name
+    if dst.exists() and hashlib.sha1(dst.read_bytes()).hexdigest() == sha1:
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    log(f"  downloading {url}")
+    part = dst.with_suffix(f".part{os.getpid()}")
+    with urllib.request.urlopen(url, timeout=300) as r, open(part, "wb") as fh:
+        shutil.copyfileobj(r, fh, 1 << 20)
+    got = hashlib.sha1(part.read_bytes()).hexdigest()
+    if got != sha1:
+        part.unlink()
+        raise RuntimeError(f"{name}: sha1 {got}, expected {sha1}")
     part.replace(dst)
     return dst
 

@@ -1,7 +1,7 @@
 """A Spark driver program that the crash tests start, kill with SIGKILL and restart.
 
-It writes the Parquet files of --input to a sink (file, iceberg, kafka or sql) exactly once, as a
-batch job (one explicit epoch) or a stream (one micro-batch per input file), through
+It writes the Parquet files of --input to a sink (file, iceberg, kafka, sql or delta) exactly
+once, as a batch job (one explicit epoch) or a stream (one micro-batch per input file), through
 ``eosink.run`` (modes ``batch``, ``stream``) or ``format("eosink")`` (``ds-batch``,
 ``ds-stream``), then exits 0.
 With ``--source kafka`` the stream reads a Kafka topic instead (Spark's Kafka connector,
@@ -92,7 +92,7 @@ def main() -> int:
     p.add_argument("--commit-mode", default="after_checkpoint")
     p.add_argument("--partition-by", default="")
     p.add_argument("--format", default="parquet")
-    p.add_argument("--sink", default="file", choices=["file", "iceberg", "kafka", "sql"])
+    p.add_argument("--sink", default="file", choices=["file", "iceberg", "kafka", "sql", "delta"])
     p.add_argument("--source", default="files", choices=["files", "kafka"])
     p.add_argument(
         "--source-options",
@@ -136,6 +136,8 @@ def main() -> int:
         opts.update(path=a.out, format=a.format)
     elif a.sink in ("kafka", "sql"):
         pass  # bootstrap_servers, topic... / url, table...: --sink-options
+    elif a.sink == "delta":
+        opts["path"] = a.out
     else:
         opts["table"] = "db.events"
         if a.catalog_json:

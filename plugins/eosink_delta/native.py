@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from eosink import SchemaMismatchError
+from eosink.util import fsync_path
 
 from .layout import changes_dir, epoch_dir, unescape, walk_files
 from .options import DeltaSinkOptions, filesystem
@@ -135,10 +136,16 @@ def describe(
     fs, root = filesystem(opts)
     required = [f.name for f in setup.schema if not f.nullable]
     out = []
+    local = not opts.on_s3
+    dirs: set[str] = set()
     for path, info in sorted(walk_files(fs, root, rel)):
         name = path.rsplit("/", 1)[-1]
         if not name.endswith(".parquet") or name.startswith(("_", ".")):
+            fs.delete_file(f"{root}/{path}")  # .crc checksums of Hadoop's local filesystem
             continue
+        if local:  # Spark's writers do not fsync: the files are durable before PENDING
+            fsync_path(f"{root}/{path}")
+            dirs.update(_parents(path, rel))
         values: dict[str, str | None] = {}
         for segment in path[len(rel) + 1 :].split("/")[:-1]:
             col, _, text = segment.partition("=")
@@ -164,6 +171,19 @@ def describe(
                 "stats": file_stats(meta, schema, cols),
             }
         )
+    for d in sorted(dirs, key=len, reverse=True):  # the directory entries, deepest first
+        fsync_path(f"{root}/{d}")
+    return out
+
+
+def _parents(path: str, rel: str) -> list[str]:
+    """The directories from ``path``'s up to ``rel``'s (``rel`` included)."""
+    out, d = [], path.rsplit("/", 1)[0]
+    while d.startswith(rel) and len(d) >= len(rel):
+        out.append(d)
+        if d == rel:
+            break
+        d = d.rsplit("/", 1)[0]
     return out
 
 

@@ -102,8 +102,12 @@ def write_files(
         )
         meta = collected[0]
         size = fs.get_file_info(f"{root}/{rel}").size
-        if not opts.on_s3:
+        if not opts.on_s3:  # the file and its new directory entries
             fsync_path(f"{root}/{rel}")
+            d = rel.rsplit("/", 1)[0]
+            while d:
+                fsync_path(f"{root}/{d}")
+                d = d.rsplit("/", 1)[0] if "/" in d else ""
         out.append(
             {
                 "path": rel,
@@ -127,15 +131,14 @@ def _by_partition(
         "__eosink_i", pa.array(range(data.num_rows), pa.int64())
     )
     groups = indexed.group_by(list(cols), use_threads=False).aggregate([("__eosink_i", "list")])
-    out = []
+    # Raw values that Delta serializes alike ("" and NULL) share one file.
+    merged: dict[tuple[str | None, ...], list[pa.Table]] = {}
     for g in range(groups.num_rows):
         values = tuple(
             partition_value(groups.column(c)[g].as_py(), data.schema.field(c).type) for c in cols
         )
-        rows = data.take(groups.column("__eosink_i_list")[g].values)
-        out.append((values, rows))
-    # Two raw values may serialize alike ("" and NULL): one file each is still right.
-    return out
+        merged.setdefault(values, []).append(data.take(groups.column("__eosink_i_list")[g].values))
+    return [(values, pa.concat_tables(parts)) for values, parts in merged.items()]
 
 
 class DeltaWriter(CoordinatedSinkWriter[dict[str, Any]]):
