@@ -42,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SINKS = ("file", "rolling", "iceberg", "kafka", "sql-pg", "sql-sqlite")
+SINKS = ("file", "rolling", "iceberg", "kafka", "sql-pg", "sql-sqlite", "delta")
 """The table's sinks: ``rolling`` is the file sink with files that span epochs; the sql
 sink by its target's database (PostgreSQL holds phase 1's transaction open, SQLite does
 not)."""
@@ -58,6 +58,7 @@ OWNERS = {
     "plugins/eosink_iceberg/": "iceberg",
     "plugins/eosink_kafka/": "kafka",
     "plugins/eosink_sql/": "sql",
+    "plugins/eosink_delta/": "delta",
 }
 """Who owns a fault point's call site, by the file it is in (first match)."""
 SINKS_OF = {
@@ -66,6 +67,7 @@ SINKS_OF = {
     "iceberg": ("iceberg",),
     "kafka": ("kafka",),
     "sql": ("sql-pg", "sql-sqlite"),
+    "delta": ("delta",),
 }
 
 UNREACHABLE: list[tuple[str, str, str, str]] = [

@@ -113,3 +113,222 @@ class TestDeltaS3Conformance(TestDeltaLocalConformance):
 
     def make_options(self, tmp_path: Path) -> dict[str, Any]:
         return s3_table(self.endpoint)
+
+
+# -- what the sink refuses, and what it meets at its commit ---------------------------------
+def _sink(tmp_path: Path, **options: Any) -> tuple[Any, Any]:
+    """The delta sink's plugin and parsed options of a table under ``tmp_path``."""
+    import eosink
+
+    plugin = eosink.get_sink("delta")
+    return plugin, plugin.parse_options({"path": str(tmp_path / "t"), **options})
+
+
+def _batch(start: int, n: int) -> pa.RecordBatch:
+    ids = list(range(start, start + n))
+    return pa.record_batch({"id": pa.array(ids, pa.int64()), "name": [f"r{i}" for i in ids]})
+
+
+def _stage(plugin: Any, options: Any, epoch: int, start: int, sink_id: str = "delta:t") -> Any:
+    """A coordinator and the committable of ``epoch`` staged by two writers (nothing
+    committed)."""
+    from eosink.testing import drive_writers
+
+    coord = plugin.coordinator_factory(options, sink_id)
+    coord.init()
+    setup = coord.writer_setup(_batch(0, 1).schema)
+    results = drive_writers(
+        plugin, options, sink_id, epoch, [[_batch(start, 5)], [_batch(start + 5, 5)]], setup
+    )
+    return coord, coord.pre_commit(epoch, results).committable
+
+
+def _existing(tmp_path: Path, **create: Any) -> None:
+    from deltalake import DeltaTable
+
+    DeltaTable.create(str(tmp_path / "t"), _batch(0, 1).schema, **create)
+
+
+@pytest.mark.parametrize(
+    ("create", "alter", "options", "says"),
+    [
+        (
+            {},
+            {"add_constraint": {"id_positive": "id > 0"}},
+            {},
+            r"CHECK constraint\(s\) id_positive",
+        ),
+        (
+            {"configuration": {"delta.setTransactionRetentionDuration": "interval 1 days"}},
+            {},
+            {},
+            "setTransactionRetentionDuration",
+        ),
+        (
+            {"configuration": {"delta.appendOnly": "true"}},
+            {},
+            {"mode": "upsert", "keys": ["id"]},
+            "append-only",
+        ),
+        (
+            {"configuration": {"delta.enableDeletionVectors": "true"}},
+            {},
+            {"mode": "upsert", "keys": ["id"]},
+            "deletion vectors",
+        ),
+        ({}, {}, {"partition_by": ["name"]}, "keeps its partitioning"),
+    ],
+    ids=[
+        "check-constraint",
+        "txn-retention",
+        "append-only-upsert",
+        "deletion-vectors-upsert",
+        "partitioning",
+    ],
+)
+def test_refused_before_anything_is_staged(
+    tmp_path: Path,
+    create: dict[str, Any],
+    alter: dict[str, Any],
+    options: dict[str, Any],
+    says: str,
+) -> None:
+    """A table the sink cannot write correctly is refused in ``writer_setup``, before any
+    writer ran, naming the feature; nothing is added to the table."""
+    from deltalake import DeltaTable
+
+    import eosink
+
+    _existing(tmp_path, **create)
+    dt = DeltaTable(str(tmp_path / "t"))
+    if "add_constraint" in alter:
+        dt.alter.add_constraint(alter["add_constraint"])
+    version = DeltaTable(str(tmp_path / "t")).version()
+    plugin, opts = _sink(tmp_path, **options)
+    coord = plugin.coordinator_factory(opts, "delta:t")
+    coord.init()
+    with pytest.raises(eosink.ConfigError, match=says):
+        coord.writer_setup(_batch(0, 1).schema)
+    assert DeltaTable(str(tmp_path / "t")).version() == version
+
+
+def test_column_types_never_change_and_new_columns_are_added(tmp_path: Path) -> None:
+    import eosink
+
+    plugin, opts = _sink(tmp_path)
+    coord, c = _stage(plugin, opts, 0, 0)
+    coord.commit(0, c)
+    with pytest.raises(eosink.SchemaMismatchError, match="'name' is int64 in the data but string"):
+        coord.writer_setup(pa.schema([("id", pa.int64()), ("name", pa.int64())]))
+    setup = coord.writer_setup(
+        pa.schema([("id", pa.int32()), ("name", pa.string()), ("x", pa.float64())])
+    )
+    assert setup.schema.names == ["id", "name", "x"]  # int32 into a long column is fine
+
+
+def test_a_feature_enabled_while_pending_stops_the_commit(tmp_path: Path) -> None:
+    """A CHECK constraint added while an epoch is PENDING: its commit refuses with the
+    constraint's name (never commits rows it did not check); dropped, the epoch commits."""
+    from deltalake import DeltaTable
+
+    import eosink
+
+    plugin, opts = _sink(tmp_path)
+    coord, c = _stage(plugin, opts, 0, 0)
+    DeltaTable(opts.path).alter.add_constraint({"id_small": "id < 1000"})
+    with pytest.raises(eosink.ConfigError, match="id_small"):
+        coord.commit(0, c)
+    assert delta_rows(opts) == []
+    DeltaTable(opts.path).alter.drop_constraint("id_small")
+    coord.commit(0, c)
+    assert sorted(r["id"] for r in delta_rows(opts)) == list(range(10))
+
+
+def test_vacuum_while_pending_is_refused_at_commit(tmp_path: Path) -> None:
+    """``VACUUM RETAIN 0 HOURS`` (its safety check off; delta-rs' ``full`` vacuum, which
+    deletes files no version names, as Delta's Spark ``VACUUM`` does) while an epoch is
+    PENDING deletes the epoch's staged data files (no version references them yet). The commit refuses, naming
+    the missing files and ``eosink abandon``, and commits no dangling reference."""
+    from deltalake import DeltaTable
+
+    import eosink
+
+    plugin, opts = _sink(tmp_path)
+    coord, c0 = _stage(plugin, opts, 0, 0)
+    coord.commit(0, c0)
+    coord, c1 = _stage(plugin, opts, 1, 10)
+    gone = DeltaTable(opts.path).vacuum(
+        retention_hours=0, enforce_retention_duration=False, dry_run=False, full=True
+    )
+    assert gone, "VACUUM deleted nothing"
+    with pytest.raises(
+        eosink.SinkError,
+        match=r"epoch 1 cannot be committed: 2 of its 2 data files are gone.*eosink abandon",
+    ):
+        coord.commit(1, c1)
+    assert sorted(r["id"] for r in delta_rows(opts)) == list(range(10))
+
+
+def test_a_concurrent_writer_keeps_its_rows_and_files(tmp_path: Path) -> None:
+    """delta-rs appends to the table between the sink's phase 1 and its commit, and has
+    files of its own in the table's directory that no version names yet (in flight): the
+    sink's commit goes in after the other writer's (Delta's optimistic concurrency), both
+    writers' rows are there once, and neither the commit's sweep nor an abort touches the
+    other writer's files."""
+    from deltalake import DeltaTable, write_deltalake
+
+    plugin, opts = _sink(tmp_path)
+    coord, c0 = _stage(plugin, opts, 0, 0)
+    coord.commit(0, c0)
+    coord, c1 = _stage(plugin, opts, 1, 10)
+    stale = DeltaTable(opts.path)  # the sink's view is older than the next version
+    write_deltalake(opts.path, _batch(100, 3), mode="append")
+    inflight = (
+        Path(opts.path) / "part-00000-11111111-2222-3333-4444-555555555555-c000.snappy.parquet"
+    )
+    inflight.write_bytes(b"another writer's file, not committed yet")
+    coord._dt = stale
+    coord.commit(1, c1)
+    coord.abort(7, None)
+    ids = sorted(r["id"] for r in delta_rows(opts))
+    assert ids == [*range(20), 100, 101, 102]
+    assert inflight.exists()
+
+
+def test_an_unsafe_s3_commit_is_refused(s3_endpoint: str) -> None:
+    import eosink
+
+    raw = s3_table(s3_endpoint)
+    raw["storage_options"]["AWS_S3_ALLOW_UNSAFE_RENAME"] = "true"
+    plugin = eosink.get_sink("delta")
+    coord = plugin.coordinator_factory(plugin.parse_options(raw), "delta:s3")
+    with pytest.raises(eosink.ConfigError, match="AWS_S3_ALLOW_UNSAFE_RENAME"):
+        coord.init()
+
+
+def test_status_describes_pending_epochs(tmp_path: Path) -> None:
+    from eosink_delta.coordinator import describe_open
+
+    plugin, opts = _sink(tmp_path)
+    _, c = _stage(plugin, opts, 3, 0)
+    [open_] = describe_open("delta:t", None, {3: c})
+    assert open_["kind"] == "staged data files"
+    assert open_["what"].startswith("epoch 3: 2 file(s)") and "eosink-" in open_["what"]
+
+
+def test_vacuum_spares_staged_changes(tmp_path: Path) -> None:
+    """An upsert epoch's staged changes live in a hidden directory (``_eosink/``), which
+    ``VACUUM`` never lists: the PENDING epoch survives a full ``VACUUM RETAIN 0 HOURS`` and
+    commits."""
+    from deltalake import DeltaTable
+
+    plugin, opts = _sink(tmp_path, mode="upsert", keys=["id"])
+    coord, c0 = _stage(plugin, opts, 0, 0)
+    coord.commit(0, c0)
+    coord, c1 = _stage(plugin, opts, 1, 5)
+    DeltaTable(opts.path).vacuum(
+        retention_hours=0, enforce_retention_duration=False, dry_run=False, full=True
+    )
+    coord.commit(1, c1)
+    assert sorted(r["id"] for r in delta_rows(opts)) == list(range(15))
+    assert leftover_files(opts) == []

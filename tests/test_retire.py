@@ -84,6 +84,17 @@ def _iceberg(tmp_path: Path) -> _Sink:
     return _Sink("iceberg", opts, _ids, read, None)
 
 
+def _delta(tmp_path: Path) -> _Sink:
+    opts = {"path": str(tmp_path / "table")}
+
+    def read() -> list[int]:
+        from test_delta import delta_rows
+
+        return sorted(r["id"] for r in delta_rows(eosink.get_sink("delta").parse_options(opts)))
+
+    return _Sink("delta", opts, _ids, read, None)
+
+
 def _kafka(tmp_path: Path, kafka: Any) -> _Sink:
     topic = f"retire-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, partitions=2)
@@ -107,7 +118,7 @@ def _kafka(tmp_path: Path, kafka: Any) -> _Sink:
     return _Sink("kafka", opts, frame, read, "marker record(s)")
 
 
-@pytest.mark.parametrize("name", ["file", "sql", "iceberg", "kafka"])
+@pytest.mark.parametrize("name", ["file", "sql", "iceberg", "kafka", "delta"])
 def test_retire_then_run_again_every_builtin_sink(
     name: str, spark: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], request: Any
 ) -> None:
@@ -119,7 +130,7 @@ def test_retire_then_run_again_every_builtin_sink(
     sink = (
         _kafka(tmp_path, request.getfixturevalue("kafka"))
         if name == "kafka"
-        else {"file": _file, "sql": _sql, "iceberg": _iceberg}[name](tmp_path)
+        else {"file": _file, "sql": _sql, "iceberg": _iceberg, "delta": _delta}[name](tmp_path)
     )
     url = f"sqlite:///{tmp_path / 'm.db'}"
 

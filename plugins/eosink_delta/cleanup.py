@@ -67,9 +67,9 @@ class Staging:
             if (e := layout.changes_epoch_of(d.rsplit("/", 1)[-1])) is not None
         }
 
-    def delete(self, dirs: Iterable[str], fault: bool = False) -> None:
-        """Delete ``dirs`` (relative to the table's root); with ``fault``, the ``mid_abort``
-        fault point between the first and the second."""
+    def delete(self, dirs: Iterable[str], fault: str | None = None) -> None:
+        """Delete ``dirs`` (relative to the table's root); with ``fault``, that fault point
+        between the first and the second (crash tests stop there)."""
         fs, root = self.files()
         dirs = list(dirs)
         for i, d in enumerate(dirs):
@@ -77,8 +77,8 @@ class Staging:
                 fs.delete_dir(f"{root}/{d}")
             except FileNotFoundError:
                 pass
-            if fault and i == 0 and len(dirs) > 1:
-                fault_point("mid_abort")  # crash tests stop between two directories
+            if fault is not None and i == 0 and len(dirs) > 1:
+                fault_point(fault)
 
     def sweep(self, epoch: int, committable: dict[str, Any]) -> None:
         """After the epoch's commit: delete its staged changes and the directories of its
@@ -127,4 +127,4 @@ class Staging:
                     dirs,
                 )
             dirs = [d for d in dirs if keep is not None and d not in keep]
-        self.delete([*dirs, *self.changes_dirs(epoch)], fault=True)
+        self.delete([*dirs, *self.changes_dirs(epoch)], fault="mid_abort")

@@ -52,6 +52,9 @@ WRITER_FEATURES = frozenset(
         "generatedColumns",
         "timestampNtz",
         "deletionVectors",
+        # delta-rs sets it on the tables it creates with table features; the sink's files
+        # hold no variant column (pyarrow has no such type).
+        "variantType",
     }
 )
 """Writer features the sink writes correctly (with the checks of :func:`check_table`)."""
