@@ -247,8 +247,9 @@ def test_a_feature_enabled_while_pending_stops_the_commit(tmp_path: Path) -> Non
 def test_vacuum_while_pending_is_refused_at_commit(tmp_path: Path) -> None:
     """``VACUUM RETAIN 0 HOURS`` (its safety check off; delta-rs' ``full`` vacuum, which
     deletes files no version names, as Delta's Spark ``VACUUM`` does) while an epoch is
-    PENDING deletes the epoch's staged data files (no version references them yet). The commit refuses, naming
-    the missing files and ``eosink abandon``, and commits no dangling reference."""
+    PENDING deletes the epoch's staged data files (no version references them yet). The
+    commit refuses, naming the missing files and ``eosink abandon``, and commits no dangling
+    reference."""
     from deltalake import DeltaTable
 
     import eosink
@@ -332,3 +333,75 @@ def test_vacuum_spares_staged_changes(tmp_path: Path) -> None:
     coord.commit(1, c1)
     assert sorted(r["id"] for r in delta_rows(opts)) == list(range(15))
     assert leftover_files(opts) == []
+
+
+def stats_are_bounds(options: Any) -> int:
+    """Check every data file's statistics, as delta-rs parses them from the log, against the
+    file's own rows (read with pyarrow): ``numRecords`` and ``nullCount`` exact, every
+    minimum and maximum a true bound (a reader that skips files by them must never skip a
+    matching row; Delta spells timestamps to the millisecond). Returns how many bounds were
+    checked."""
+    import pyarrow.parquet as pq
+
+    table = delta_table(options)
+    checked = 0
+    for add in pa.table(table.get_add_actions(flatten=False)).to_pylist():
+        rows = pq.read_table(f"{options.path}/{unquote(add['path'])}")
+        assert add["num_records"] == rows.num_rows, add["path"]
+        for col, n in (add.get("null_count") or {}).items():
+            if n is not None and col in rows.column_names:
+                assert rows.column(col).null_count == n, (add["path"], col)
+        for which, ok in (("min", lambda b, v: b <= v), ("max", lambda b, v: b >= v)):
+            for col, bound in (add.get(which) or {}).items():
+                if bound is None or col not in rows.column_names:
+                    continue
+                values = [v for v in rows.column(col).to_pylist() if v is not None]
+                assert all(ok(bound, v) for v in values), f"{add['path']}: {which}[{col}]={bound}"
+                checked += 1
+    return checked
+
+
+def test_statistics_are_true_bounds(tmp_path: Path) -> None:
+    """Integers, strings (one longer than the statistics keep), dates and timestamps a few
+    microseconds either side of a millisecond, written by the Python writers."""
+    import datetime as dt
+
+    from eosink.testing import drive_writers
+
+    plugin, opts = _sink(tmp_path)
+    base = dt.datetime(2026, 12, 1, tzinfo=dt.timezone.utc)
+    batch = pa.record_batch(
+        {
+            "id": pa.array([3, -7, 12], pa.int64()),
+            "name": ["b", "z" * 40, None],
+            "day": pa.array([dt.date(2026, 1, 2), dt.date(2025, 12, 31), None]),
+            "ts": pa.array(
+                [base + dt.timedelta(microseconds=us) for us in (1, 999, 1999)],
+                pa.timestamp("us", tz="UTC"),
+            ),
+        }
+    )
+    coord = plugin.coordinator_factory(opts, "delta:t")
+    coord.init()
+    setup = coord.writer_setup(batch.schema)
+    results = drive_writers(plugin, opts, "delta:t", 0, [[batch]], setup)
+    coord.commit(0, coord.pre_commit(0, results).committable)
+    assert stats_are_bounds(opts) == 7  # 2 a column, but no maximum for a string too long
+
+
+def test_winners_take_the_largest_order_by_whatever_the_row_order() -> None:
+    """The last change of a key is the one with the largest ``order_by``, not the last row
+    (a task's rows come in any order); a NULL never wins; a delete wins like any change."""
+    from eosink_delta.changes import DELETE, winners
+
+    _, opts = _sink(Path("/nonexistent"), mode="upsert", keys=["k"], order_by="seq", op_column="op")
+    data = pa.table(
+        {
+            "k": [1, 1, 1, 2, 2, 3],
+            "seq": [9, 3, None, 1, 2, 5],
+            "v": ["nine", "three", "null", "one", "two", "five"],
+            "op": ["u", "u", "u", "u", "d", "u"],
+        }
+    )
+    won = {r["k"]: (r["v"], r[DELETE]) for r in winners(opts, data).to_pylist()}
+    assert won == {1: ("nine", False), 2: ("two", True), 3: ("five", False)}

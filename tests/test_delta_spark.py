@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_delta import delta_rows
+from test_delta import delta_rows, stats_are_bounds
 
 import eosink
 
@@ -123,6 +123,8 @@ def test_delta_spark_reads_what_the_sink_wrote(spark: Any, tmp_path: Path) -> No
     for path, rows in tables.items():
         got = [{k: _text(v) for k, v in r.items()} for r in delta_rows(opts({"path": path}))]
         assert _by_id(got) == _by_id(rows), path
+    for writer in ("spark", "python"):  # both writers' statistics are true bounds
+        assert stats_are_bounds(opts({"path": str(tmp_path / f"parts-{writer}")})) >= 40
     got_up = {int(r["k"]): r["v"] for r in delta_rows(opts({"path": upserts}))}
     assert got_up == model
 
