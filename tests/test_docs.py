@@ -303,6 +303,7 @@ def test_option_tables_cover_the_code() -> None:
     from eosink_file.plugin import FileSinkOptions
     from eosink_iceberg.options import IcebergSinkOptions
     from eosink_kafka.options import KafkaSinkOptions
+    from eosink_delta.options import DeltaSinkOptions
     from eosink_sql.options import SqlSinkOptions
 
     for model, page in [
@@ -310,6 +311,7 @@ def test_option_tables_cover_the_code() -> None:
         (IcebergSinkOptions, "iceberg.md"),
         (KafkaSinkOptions, "kafka.md"),
         (SqlSinkOptions, "sql.md"),
+        (DeltaSinkOptions, "delta.md"),
     ]:
         text = (ROOT / "docs" / page).read_text()
         missing = [n for n in model.model_fields if f"`{n}`" not in text]
@@ -480,6 +482,7 @@ def _code_defaults() -> dict[str, dict[str, Any]]:
         ("iceberg.md", "iceberg"),
         ("kafka.md", "kafka"),
         ("sql.md", "sql"),
+        ("delta.md", "delta"),
     ]:
         fields = eosink.get_sink(sink).options_model.model_fields
         pages[page] = {
