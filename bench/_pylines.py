@@ -66,7 +66,7 @@ def _constraints(pyspark: str = "") -> list[str]:
     return sorted([*seen.values(), *bounds])
 
 
-EXTRAS = "s3,postgres,sql,iceberg,kafka,charts,connect"
+EXTRAS = "s3,postgres,sql,iceberg,kafka,charts,connect,delta"
 """eosink's extras every line's environment has (the sinks, the meta stores, the bench's
 charts, the Spark Connect client): one environment per version serves the benchmarks and
 the tests alike."""

@@ -405,3 +405,42 @@ def test_winners_take_the_largest_order_by_whatever_the_row_order() -> None:
     )
     won = {r["k"]: (r["v"], r[DELETE]) for r in winners(opts, data).to_pylist()}
     assert won == {1: ("nine", False), 2: ("two", True), 3: ("five", False)}
+
+
+def test_a_pending_upsert_is_applied_as_it_was_staged(tmp_path: Path) -> None:
+    """A PENDING upsert epoch committed by a run given other options (a new ``order_by``,
+    other ``delete_ops``) is applied with those it was staged with: its epoch spec."""
+    import eosink
+    from eosink import EpochSpec
+    from eosink._spec import persisted_options
+    from eosink.testing import drive_writers
+
+    plugin = eosink.get_sink("delta")
+    staged = plugin.parse_options(
+        {
+            "path": str(tmp_path / "t"),
+            "mode": "upsert",
+            "keys": ["k"],
+            "order_by": "seq",
+            "op_column": "op",
+        }
+    )
+    batch = pa.record_batch(
+        {
+            "k": [1, 1, 2, 3],
+            "seq": [2, 1, 1, 1],
+            "v": ["new", "old", "gone", "kept"],
+            "op": ["u", "u", "d", "u"],
+        }
+    )
+    coord = plugin.coordinator_factory(staged, "delta:t")
+    coord.init()
+    results = drive_writers(
+        plugin, staged, "delta:t", 0, [[batch]], coord.writer_setup(batch.schema)
+    )
+    committable = coord.pre_commit(0, results).committable
+    later = plugin.parse_options({**staged.model_dump(), "order_by": "v", "delete_ops": ["x"]})
+    finisher = plugin.coordinator_factory(later, "delta:t")
+    finisher.init()
+    finisher.commit(0, committable, spec=EpochSpec(persisted_options(staged), batch.schema))
+    assert sorted((r["k"], r["v"]) for r in delta_rows(staged)) == [(1, "new"), (3, "kept")]

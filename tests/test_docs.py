@@ -300,10 +300,10 @@ def test_option_tables_cover_the_code() -> None:
     for name in inspect.signature(eosink.run).parameters:
         if name not in ("df", "sink_options"):
             assert f"| `{name}` |" in run_md, f"docs/run.md: no row for {name}"
+    from eosink_delta.options import DeltaSinkOptions
     from eosink_file.plugin import FileSinkOptions
     from eosink_iceberg.options import IcebergSinkOptions
     from eosink_kafka.options import KafkaSinkOptions
-    from eosink_delta.options import DeltaSinkOptions
     from eosink_sql.options import SqlSinkOptions
 
     for model, page in [

@@ -26,6 +26,7 @@ import pyarrow as pa
 from eosink import (
     CommitOutcome,
     ConfigError,
+    EpochSpec,
     Prepared,
     SinkCommitCoordinator,
     SinkError,
@@ -45,6 +46,9 @@ from .writer import Setup
 __all__ = ["DeltaCoordinator", "make_coordinator"]
 
 log = logging.getLogger("eosink.delta")
+
+_HOW = ("mode", "keys", "order_by", "op_column", "delete_ops")
+"""The options that say how an epoch's rows are applied: taken from the epoch's spec."""
 
 
 class DeltaCoordinator(
@@ -244,7 +248,20 @@ class DeltaCoordinator(
         )
 
     # -- phase 2 ------------------------------------------------------------------------
-    def commit(self, epoch: int, committable: dict[str, Any]) -> CommitOutcome | None:
+    def _as_staged(self, spec: EpochSpec | None) -> DeltaSinkOptions:
+        """The options an epoch was staged with (its spec; the run's own without one): a
+        PENDING epoch is applied with the keys, order and deletes it was staged with,
+        whatever this run was given."""
+        if spec is None:
+            return self.opts
+        how = {k: spec.options[k] for k in _HOW if k in spec.options}
+        fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in how.items()}
+        return self.opts.model_copy(update=fixed)
+
+    def commit(
+        self, epoch: int, committable: dict[str, Any], spec: EpochSpec | None = None
+    ) -> CommitOutcome | None:
+        opts = self._as_staged(spec)
         t = self._table()
         if t is None:
             raise SinkError(f"the Delta table at {self.opts.path} disappeared")
@@ -267,7 +284,7 @@ class DeltaCoordinator(
                 staged = [f["path"] for f in committable["changes"] if f["rows"]]
                 commit.check_present(fs, root, self.sink_id, epoch, staged, "staged change")
                 data = changes.read_changes(fs, root, staged, None)
-                commit.merge_epoch(self.opts, t, data, self.sink_id, epoch, props)
+                commit.merge_epoch(opts, t, data, self.sink_id, epoch, props)
             else:
                 files = committable["files"]
                 paths = [f["path"] for f in files]
@@ -282,7 +299,9 @@ class DeltaCoordinator(
         self.staging.sweep(epoch, committable)
         return None
 
-    def abort(self, epoch: int, committable: dict[str, Any] | None) -> None:
+    def abort(
+        self, epoch: int, committable: dict[str, Any] | None, spec: EpochSpec | None = None
+    ) -> None:
         try:
             t = self._table()
             committed = t is not None and epochs.is_committed(

@@ -41,7 +41,9 @@ SINK: SinkPlugin[DeltaSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     requires={"deltalake": "eosink[delta]"},
     path_options=("path",),
     describe_open=describe_open,
-    capabilities=eosink.Capabilities(target_marker=True, staged_epochs=True, spark_writer=True),
+    capabilities=eosink.Capabilities(
+        target_marker=True, staged_epochs=True, spark_writer=True, epoch_spec=True
+    ),
 )
 
 
