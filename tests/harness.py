@@ -641,6 +641,8 @@ class Job:
             return str(self.sink_options["sink_id"])
         if self.extra.get("sink") == "iceberg":
             return "iceberg:eosink.db.events"
+        if self.extra.get("sink") == "delta":
+            return f"delta:{self.out}"
         if self.extra.get("sink") in ("kafka", "sql"):
             import eosink
 

@@ -21,8 +21,9 @@ An independent reader (pyarrow for files, a pyiceberg scan for Iceberg, a ``read
 consumer for Kafka, plain SQL for the sql sink) then compares the output with the input row
 by row. Sinks: ``file``, ``rolling`` (the file sink with files that span epochs: one rolls
 every second micro-batch), ``iceberg``, ``kafka`` (a topic of a broker the soak starts),
-``sql`` (appends to a table of a PostgreSQL server the soak starts, a new database per run)
-and ``sql-cdc`` (the same sink upserting a change stream, every 7th row a delete, over
+``sql`` (appends to a table of a PostgreSQL server the soak starts, a new database per run),
+``delta`` (appends to a Delta table partitioned by ``grp``, read by delta-rs; the table's
+history must hold each epoch in one commit) and ``sql-cdc`` (the same sink upserting a change stream, every 7th row a delete, over
 ``harness.make_cdc_input``'s change files: keyed by ``grp`` in half the runs, where hot keys
 change in every epoch and most rows insert a key of their own, by ``id`` in the others; the
 table must hold the final state computed from the input, row for row: an epoch lost leaves
@@ -37,7 +38,7 @@ that record. One line per sink sums it up::
 others hit Spark's start-up); ``lost``: input ids missing from the output (for ``sql-cdc``:
 rows of the expected final state missing or different); ``duplicated``: extra copies of ids;
 ``misapplied``: runs whose target's record of commits does not hold each epoch once, in
-order (sql, sql-cdc, iceberg); ``leftovers``: staged files, orphaned data files, staging
+order (sql, sql-cdc, iceberg, delta); ``leftovers``: staged files, orphaned data files, staging
 tables, and PENDING or ABORTED epochs left in the meta store after the final run. The exit
 code is 1 when any of them is not 0 or a final run failed.
 """
@@ -72,7 +73,7 @@ from harness import (  # noqa: E402
     staged_files,
 )
 
-SINKS = ("file", "rolling", "iceberg", "kafka", "sql", "sql-cdc")
+SINKS = ("file", "rolling", "iceberg", "kafka", "sql", "sql-cdc", "delta")
 
 
 @dataclass
@@ -124,6 +125,15 @@ def _read(job: Job, sink: str) -> tuple[list[int], list[str], list[int] | None]:
         return [r[0] for r in rows if r in want], [f"staging table {t}" for t in staged], epochs
     if sink in ("file", "rolling"):
         return read_ids(job.out), staged_files(job.out), None
+    if sink == "delta":
+        from test_delta import delta_rows, leftover_files
+        from test_delta_crash import epochs_in_history
+
+        import eosink
+
+        opts = eosink.get_sink("delta").parse_options({"path": str(job.out)})
+        rows = [int(r["id"]) for r in delta_rows(opts)]
+        return rows, leftover_files(opts), epochs_in_history(opts, job.sink_id)
     if sink == "kafka":
         records = read_topic(job.sink_options["bootstrap_servers"], job.sink_options["topic"])
         ids = [int(json.loads(r.value)["id"]) for r in records if r.value is not None]
@@ -184,6 +194,8 @@ def make_job(
     if sink == "kafka":
         opts = kafka_sink_options(kafka, tmp, "soak")
         return Job(tmp, mode, metastore, sink_options=opts, sink="kafka")
+    if sink == "delta":
+        return Job(tmp, mode, metastore, sink="delta", partition_by="grp")
     return Job(tmp, mode, metastore, sink=sink)
 
 

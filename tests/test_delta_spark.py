@@ -239,9 +239,5 @@ def test_spark_driver_killed(tmp_path: Path, mode: str, faults: list[str]) -> No
     crash_chain(job, faults)
     opts = eosink.get_sink("delta").parse_options({"path": str(job.out)})
     assert sorted(int(r["id"]) for r in delta_rows(opts)) == sorted(ids)
-    check_commits_at_target(epochs_in_history(opts, _sink_id(job)), expected_epochs(job))
+    check_commits_at_target(epochs_in_history(opts, job.sink_id), expected_epochs(job))
     assert leftover_files(opts) == []
-
-
-def _sink_id(job: Any) -> str:
-    return f"delta:{job.out}"
