@@ -23,14 +23,15 @@ by row. Sinks: ``file``, ``rolling`` (the file sink with files that span epochs:
 every second micro-batch), ``iceberg``, ``kafka`` (a topic of a broker the soak starts),
 ``sql`` (appends to a table of a PostgreSQL server the soak starts, a new database per run),
 ``delta`` (appends to a Delta table partitioned by ``grp``, read by delta-rs; the table's
-history must hold each epoch in one commit) and ``sql-cdc`` (the same sink upserting a change stream, every 7th row a delete, over
-``harness.make_cdc_input``'s change files: keyed by ``grp`` in half the runs, where hot keys
-change in every epoch and most rows insert a key of their own, by ``id`` in the others; the
-table must hold the final state computed from the input, row for row: an epoch lost leaves
-keys missing, an old epoch applied after a newer one a hot key's wrong row). The sql and
-iceberg sinks' own records of their commits (``sql_epochs``, snapshot summaries) must hold
-each epoch once, in order: an upsert epoch applied twice leaves the table as it was, but not
-that record. One line per sink sums it up::
+history must hold each epoch in one commit) and ``sql-cdc`` (the sql sink upserting a change
+stream, every 7th row a delete, over ``harness.make_cdc_input``'s change files: keyed by
+``grp`` in half the runs, where hot keys change in every epoch and most rows insert a key of
+their own, by ``id`` in the others; the table must hold the final state computed from the
+input, row for row: an epoch lost leaves keys missing, an old epoch applied after a newer
+one a hot key's wrong row). The sql and iceberg sinks' own records of their commits
+(``sql_epochs``, snapshot summaries) must hold each epoch once, in order: an upsert epoch
+applied twice leaves the table as it was, but not that record.
+One line per sink sums it up::
 
     file     runs=61 kills=203 in_protocol=151 moves=97 rows=146400 lost=0 duplicated=0 ...
 
