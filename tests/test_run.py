@@ -307,7 +307,7 @@ def test_bad_input_fails_before_any_job(spark, tmp_path: Path) -> None:
         eosink.run(df, sink="file", path=str(out), partition_by=["nope"], metastore_url=url)
     with pytest.raises(ConfigError, match="format"):
         eosink.run(df, sink="file", path=str(out), format="avro", metastore_url=url)
-    with pytest.raises(UnknownSinkError, match="installed sinks: file, iceberg, jsonl_dir"):
+    with pytest.raises(UnknownSinkError, match="installed sinks: delta, file, iceberg, jsonl_dir"):
         eosink.run(df, sink="nope", path=str(out))
     with pytest.raises(ConfigError, match="checkpoint_location is required"):
         eosink.run(
