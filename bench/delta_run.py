@@ -80,10 +80,12 @@ def make_changes(d: Path, base: int, changes: int, files: int) -> dict[int, str]
 
 def commit_cost(tmp: Path, epochs: int) -> dict[str, Any]:
     """Milliseconds per epoch of the sink's phase 1 + commit over ``epochs`` epochs."""
+    import pickle
+
     import pyarrow as pa
 
     import eosink
-    from eosink.testing import drive_writers
+    from eosink._tasks import TaskSink, run_writer
 
     plugin = eosink.get_sink("delta")
     opts = plugin.parse_options({"path": str(tmp / "commits")})
@@ -93,7 +95,9 @@ def commit_cost(tmp: Path, epochs: int) -> dict[str, Any]:
     for e in range(epochs):
         batch = pa.record_batch({"id": pa.array(range(e * 10, e * 10 + 10), pa.int64())})
         setup = coord.writer_setup(batch.schema)
-        results = drive_writers(plugin, opts, "bench:commits", e, [[batch]], setup)
+        task = TaskSink(plugin, opts, "bench:commits", e, pickle.loads(pickle.dumps(setup)))
+        encoded, _ = run_writer(task, [batch], partition=0, attempt=0)
+        results = [plugin.write_result_codec.decode(encoded, plugin.write_result_codec.version)]
         t0 = time.perf_counter()
         coord.commit(e, coord.pre_commit(e, results).committable)
         ms.append((time.perf_counter() - t0) * 1000)
@@ -173,6 +177,18 @@ def main() -> int:
         )
         h.await_termination()
         result["writers"] += [f.writer for f in h.figures]
+
+    def eos_python(out: str) -> None:
+        h = eosink.run(
+            stream(),
+            sink="delta",
+            path=f"{out}/t",
+            writer="python",
+            checkpoint_location=f"{out}/chk",
+            trigger={"availableNow": True},
+            metastore_url=ms,
+        )
+        h.await_termination()
 
     def delta(out: str) -> None:
         q = (
@@ -260,7 +276,12 @@ def main() -> int:
     rows = spark.read.parquet(a.data)
     want = rows.selectExpr("count(*) AS n", "sum(id) AS s").first()
     groups = {
-        "append": {"eosink": eos, "delta-spark": delta, "naive": naive},
+        "append": {
+            "eosink": eos,
+            "eosink-python": eos_python,
+            "delta-spark": delta,
+            "naive": naive,
+        },
         "upsert": {"eosink": eos_upsert, "merge": spark_merge},
     }
     for group, contenders in groups.items():
@@ -285,6 +306,7 @@ def main() -> int:
             contenders, a.reps, lambda n, g=group: fresh(f"{g}-{n}"), warmup=False,
             log=lambda s: print(s, flush=True),
         )  # fmt: skip
+    Path(a.out).write_text(json.dumps(result, indent=1))  # kept if the commit run fails
     result["commits"] = commit_cost(tmp, a.epochs)
     result["input"] = {
         "rows": want["n"],

@@ -39,16 +39,14 @@ class Staging:
     def epoch_dirs(self, epoch: int) -> list[str]:
         """The data directories of ``epoch`` (one per write attempt)."""
         fs, root = self.files()
-        return [d for d in layout.top_dirs(fs, root) if layout.epoch_of(self.sink_id, d) == epoch]
+        base = layout.epoch_root(self.sink_id, epoch)
+        return [f"{base}/{d}" for d in layout.top_dirs(fs, root, base)]
 
     def data_epochs(self) -> set[int]:
         """Every epoch that has a data directory."""
         fs, root = self.files()
-        return {
-            e
-            for d in layout.top_dirs(fs, root)
-            if (e := layout.epoch_of(self.sink_id, d)) is not None
-        }
+        names = layout.top_dirs(fs, root, layout.data_root(self.sink_id))
+        return {e for e in map(layout.epoch_of, names) if e is not None}
 
     def changes_dirs(self, epoch: int | None) -> list[str]:
         """The staged-changes directories of ``epoch`` (None: of every epoch)."""
@@ -83,7 +81,7 @@ class Staging:
     def sweep(self, epoch: int, committable: dict[str, Any]) -> None:
         """After the epoch's commit: delete its staged changes and the directories of its
         attempts that the commit did not take (dead and failed task attempts)."""
-        keep = {f["path"].split("/", 1)[0] for f in committable.get("files", [])}
+        keep = {layout.attempt_dir(f["path"]) for f in committable.get("files", [])}
         self.delete([d for d in self.epoch_dirs(epoch) if d not in keep])
         self.delete(self.changes_dirs(epoch))
 
@@ -109,7 +107,7 @@ class Staging:
         for line in lines:
             add = json.loads(line).get("add") if line.strip() else None
             if add:
-                out.add(unquote(add["path"]).split("/", 1)[0])
+                out.add(layout.attempt_dir(unquote(add["path"])))
         return out
 
     def abort(self, table: Any, epoch: int, committed: bool) -> None:
@@ -128,3 +126,5 @@ class Staging:
                 )
             dirs = [d for d in dirs if keep is not None and d not in keep]
         self.delete([*dirs, *self.changes_dirs(epoch)], fault="mid_abort")
+        if not committed:  # the epoch's own directory, now empty (a local table's)
+            self.delete([layout.epoch_root(self.sink_id, epoch)])

@@ -37,7 +37,7 @@ from eosink import (
 )
 from eosink.util import abandon_hint, sink_key
 
-from . import changes, commit, epochs, table
+from . import changes, commit, epochs, layout, table
 from .cleanup import Staging
 from .options import DeltaSinkOptions, redact
 from .stats import indexed_columns
@@ -341,7 +341,7 @@ def describe_open(
         size = sum(int(f.get("size", 0)) for f in staged)
         where = sorted(
             {
-                f["path"].split("/")[0]
+                layout.attempt_dir(f["path"])
                 if c.get("mode") != "upsert"
                 else f["path"].rsplit("/", 1)[0]
                 for f in staged

@@ -1,12 +1,14 @@
 """Where the delta sink puts files in the table's directory, and how it finds them again.
 
-* **Data files of an epoch** (both writer paths): ``eosink-<sink key>-e<epoch>-<attempt>/``
-  at the table's root, Hive-style partition directories below (``grp=de%2Fat/``, Spark's
-  escaping), ``part-<task>-<n>.<codec>.parquet`` inside. No version of the table names them
-  until the epoch's commit; a Delta reader reads only the files its log names, so they are
-  invisible until then. They are not under a hidden (``_``) directory on purpose: once
-  committed they are the table's data files, and ``VACUUM`` must be able to delete them
-  after a later ``OPTIMIZE`` or ``DELETE`` removed them from the table.
+* **Data files of an epoch** (both writer paths): ``eosink-<sink key>/e<epoch>/<attempt>/``
+  under the table's root, Hive-style partition directories below (``grp=de%2Fat/``, Spark's
+  escaping), ``part-<task>-<n>.<codec>.parquet`` inside. One directory per epoch, so that
+  the cleanup after a commit lists that epoch's attempts only, not every epoch the sink
+  wrote. No version of the table names them until the epoch's commit; a Delta reader reads
+  only the files its log names, so they are invisible until then. They are not under a
+  hidden (``_``) directory on purpose: once committed they are the table's data files, and
+  ``VACUUM`` must be able to delete them after a later ``OPTIMIZE`` or ``DELETE`` removed
+  them from the table.
 * **Staged changes of an upsert epoch**: ``_eosink/<sink key>/changes/e<epoch>-<attempt>/``.
   They never become data files (the epoch's ``MERGE`` writes its own), so they live in a
   hidden directory, which readers, ``VACUUM`` and ``OPTIMIZE`` never list.
@@ -30,9 +32,12 @@ from eosink.util import sink_key
 __all__ = [
     "CHANGES",
     "NULL_DIR",
+    "attempt_dir",
     "changes_dir",
+    "data_root",
     "epoch_dir",
     "epoch_of",
+    "epoch_root",
     "escape",
     "partition_value",
     "unescape",
@@ -40,7 +45,7 @@ __all__ = [
 
 NULL_DIR = "__HIVE_DEFAULT_PARTITION__"
 CHANGES = "_eosink"
-_NAME = re.compile(r"^eosink-(?P<key>[0-9a-f]{16})-e(?P<epoch>\d+)-(?P<attempt>[A-Za-z0-9_.-]+)$")
+_EPOCH_NAME = re.compile(r"^e(?P<epoch>\d+)$")
 _CHANGES_NAME = re.compile(r"^e(?P<epoch>\d+)-(?P<attempt>[A-Za-z0-9_.-]+)$")
 # Spark's ExternalCatalogUtils.escapePathName: these and the control characters.
 _ESCAPED = set("\"#%'*/:=?\\\x7f{[]^")
@@ -51,9 +56,24 @@ def _safe(attempt: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", attempt)
 
 
+def data_root(sink_id: str) -> str:
+    """The directory (relative to the table's root) of every epoch's data directories."""
+    return f"eosink-{sink_key(sink_id)}"
+
+
+def epoch_root(sink_id: str, epoch: int) -> str:
+    """The directory of an epoch's write attempts."""
+    return f"{data_root(sink_id)}/e{epoch}"
+
+
 def epoch_dir(sink_id: str, epoch: int, attempt: str) -> str:
-    """The directory (relative to the table's root) of an epoch's data files."""
-    return f"eosink-{sink_key(sink_id)}-e{epoch}-{_safe(attempt)}"
+    """The directory (relative to the table's root) of one write attempt's data files."""
+    return f"{epoch_root(sink_id, epoch)}/{_safe(attempt)}"
+
+
+def attempt_dir(path: str) -> str:
+    """The write attempt's directory of a data file's path (relative to the table's root)."""
+    return "/".join(path.split("/")[:3])
 
 
 def changes_dir(sink_id: str, epoch: int, attempt: str) -> str:
@@ -65,12 +85,10 @@ def changes_root(sink_id: str) -> str:
     return f"{CHANGES}/{sink_key(sink_id)}/changes"
 
 
-def epoch_of(sink_id: str, name: str) -> int | None:
-    """The epoch of this sink's data directory ``name`` (a base name), or None."""
-    m = _NAME.match(name)
-    if m is None or m["key"] != sink_key(sink_id):
-        return None
-    return int(m["epoch"])
+def epoch_of(name: str) -> int | None:
+    """The epoch of an epoch's directory ``name`` (a base name, ``e<epoch>``), or None."""
+    m = _EPOCH_NAME.match(name)
+    return None if m is None else int(m["epoch"])
 
 
 def changes_epoch_of(name: str) -> int | None:

@@ -6,7 +6,7 @@ the JVM. On the driver, :func:`write_epoch`:
 1. selects the DataFrame's columns cast to the table's types (after ``writer_setup``'s
    evolution; timestamps as INT64 microseconds, as Delta reads them);
 2. writes them with ``DataFrameWriter.parquet`` into a fresh directory of the table,
-   ``eosink-<sink key>-e<epoch>-<attempt>/`` (``partitionBy`` the table's partition columns,
+   ``eosink-<sink key>/e<epoch>/<attempt>/`` (``partitionBy`` the table's partition columns,
    which Spark keeps out of the files, as Delta wants them; no ``_SUCCESS``), so that
    ``abort(epoch, None)`` and ``staged_epochs`` find everything it wrote; Spark's commit
    protocol keeps failed task attempts out. An upsert epoch's changes go, unpartitioned,
@@ -177,13 +177,12 @@ def describe(
 
 
 def _parents(path: str, rel: str) -> list[str]:
-    """The directories from ``path``'s up to ``rel``'s (``rel`` included)."""
+    """The directories from ``path``'s up to the table's root, excluded (``rel`` and its
+    parents are new too)."""
     out, d = [], path.rsplit("/", 1)[0]
-    while d.startswith(rel) and len(d) >= len(rel):
+    while d:
         out.append(d)
-        if d == rel:
-            break
-        d = d.rsplit("/", 1)[0]
+        d = d.rsplit("/", 1)[0] if "/" in d else ""
     return out
 
 
