@@ -39,21 +39,8 @@ def cache_root() -> Path:
 def jar(log: Callable[[str], None]) -> Path:
     """The Iceberg Spark runtime jar, downloaded once, sha1 checked."""
     name = f"{ICEBERG_ARTIFACT}-{ICEBERG}.jar"
-    dst = cache_root() / "jars" / name
-    if dst.exists() and hashlib.sha1(dst.read_bytes()).hexdigest() == ICEBERG_SHA1:
-        return dst
-    dst.parent.mkdir(parents=True, exist_ok=True)
     url = f"{MAVEN}/org/apache/iceberg/{ICEBERG_ARTIFACT}/{ICEBERG}/{name}"
-    log(f"  downloading {url}")
-    part = dst.with_suffix(".part")
-    with urllib.request.urlopen(url, timeout=300) as r, open(part, "wb") as fh:
-        shutil.copyfileobj(r, fh, 1 << 20)
-    got = hashlib.sha1(part.read_bytes()).hexdigest()
-    if got != ICEBERG_SHA1:
-        part.unlink()
-        raise RuntimeError(f"{name}: sha1 {got}, expected {ICEBERG_SHA1}")
-    part.replace(dst)
-    return dst
+    return _download(url, name, ICEBERG_SHA1, log)
 
 
 DELTA = "4.4.0"
@@ -75,6 +62,7 @@ def delta_jars(log: Callable[[str], None]) -> list[Path]:
 
 
 def _download(url: str, name: str, sha1: str, log: Callable[[str], None]) -> Path:
+    """``url`` into the jar cache as ``name`` (once; its sha1 checked)."""
     dst = cache_root() / "jars" / name
     if dst.exists() and hashlib.sha1(dst.read_bytes()).hexdigest() == sha1:
         return dst

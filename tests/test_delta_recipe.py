@@ -11,17 +11,14 @@ deleted ids are gone.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_delta import delta_rows
-from test_sql_recipe import DRIVER, _events
+from test_sql_recipe import _events, run_recipe
 
 import eosink
 
@@ -62,19 +59,6 @@ def test_kafka_cdc_recipe_runs_as_written(
     ):
         assert old in recipe, f"docs/delta.md's recipe no longer has {old!r}: update this test"
         recipe = recipe.replace(old, new)
-    (tmp_path / "recipe.py").write_text(recipe)
-    conf = {"spark": spark_kafka_conf, "recipe": str(tmp_path / "recipe.py")}
-    from jvm import fast_driver_env
-
-    env = fast_driver_env({**os.environ, "PYSPARK_PYTHON": sys.executable})
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER.replace("docs/sql.md", "docs/delta.md"), json.dumps(conf)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "RECIPE DONE" in proc.stdout, proc.stderr[-5000:]
+    run_recipe(recipe, "docs/delta.md", spark_kafka_conf, tmp_path)
     rows = delta_rows(eosink.get_sink("delta").parse_options({"path": str(path)}))
     assert {r["id"]: (r["name"], r["email"]) for r in rows} == state

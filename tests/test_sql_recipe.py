@@ -43,6 +43,25 @@ print("RECIPE DONE", flush=True)
 """
 
 
+def run_recipe(recipe: str, page: str, spark_conf: dict[str, str], tmp_path: Path) -> None:
+    """Run a recipe's code (``handle = eosink.run(...)``) in a Spark driver subprocess with
+    ``spark_conf`` (Spark's Kafka connector) until its stream has processed all its input."""
+    (tmp_path / "recipe.py").write_text(recipe)
+    conf = {"spark": spark_conf, "recipe": str(tmp_path / "recipe.py")}
+    from jvm import fast_driver_env
+
+    env = fast_driver_env({**os.environ, "PYSPARK_PYTHON": sys.executable})
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER.replace("docs/sql.md", page), json.dumps(conf)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0 and "RECIPE DONE" in proc.stdout, proc.stderr[-5000:]
+
+
 def _recipe() -> str:
     text = (ROOT / "docs" / "sql.md").read_text()
     section = text[text.index("### A change-data-capture stream, Kafka to PostgreSQL") :]
@@ -112,20 +131,7 @@ def test_kafka_cdc_recipe_runs_as_written(
     ):
         assert old in recipe, f"docs/sql.md's recipe no longer has {old!r}: update this test"
         recipe = recipe.replace(old, new)
-    (tmp_path / "recipe.py").write_text(recipe)
-    conf = {"spark": spark_kafka_conf, "recipe": str(tmp_path / "recipe.py")}
-    from jvm import fast_driver_env
-
-    env = fast_driver_env({**os.environ, "PYSPARK_PYTHON": sys.executable})
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(conf)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0 and "RECIPE DONE" in proc.stdout, proc.stderr[-5000:]
+    run_recipe(recipe, "docs/sql.md", spark_kafka_conf, tmp_path)
 
     with eng.connect() as c:
         got = {
