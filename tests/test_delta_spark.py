@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from test_delta import delta_rows, stats_are_bounds
 
@@ -91,9 +93,15 @@ def test_delta_spark_reads_what_the_sink_wrote(spark: Any, tmp_path: Path) -> No
         path=evolved,
         **store,
     )
+    # An INT column into the table's BIGINT (integer widening): Spark's writer casts it.
+    narrow = spark.range(70, 75).selectExpr("CAST(id AS INT) AS id", "concat('v', id) AS v")
+    assert eosink.run(narrow, sink="delta", path=evolved, **store).figures.writer == "spark"
     tables[evolved] = [
-        {"id": str(i), "v": f"v{i}", "extra": str(i * 2) if i >= 60 else None} for i in range(70)
+        {"id": str(i), "v": f"v{i}", "extra": str(i * 2) if 60 <= i < 70 else None}
+        for i in range(75)
     ]
+    files = sorted(Path(evolved).rglob("*.parquet"))
+    assert len(files) >= 3 and all(pq.read_schema(f).field("id").type == pa.int64() for f in files)
 
     # Upserts and deletes, the last change of a key within an epoch winning.
     upserts = str(tmp_path / "upserts")
