@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -135,6 +136,13 @@ def test_delta_spark_reads_what_the_sink_wrote(spark: Any, tmp_path: Path) -> No
         assert stats_are_bounds(opts({"path": str(tmp_path / f"parts-{writer}")})) >= 40
     got_up = {int(r["k"]): r["v"] for r in delta_rows(opts({"path": upserts}))}
     assert got_up == model
+    # ... so does Polars, as docs/delta.md says to read it ...
+    for path, rows in tables.items():
+        got = [
+            {k: _text(v) for k, v in r.items()} for r in pl.scan_delta(path).collect().to_dicts()
+        ]
+        assert _by_id(got) == _by_id(rows), path
+    assert {r["k"]: r["v"] for r in pl.scan_delta(upserts).collect().to_dicts()} == model
 
     # ... and so does Delta's own Spark reader, filtered reads included.
     parts = str(tmp_path / "parts-spark")
