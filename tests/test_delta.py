@@ -64,7 +64,12 @@ def leftover_files(options: Any, *, eosink_only: bool = True) -> list[str]:
             # The log's paths are URIs (percent-encoded), a listing's are not.
             paths = old.get_add_actions(flatten=True).column("path").to_pylist()
             referenced |= {unquote(p) for p in paths}
-    left = sorted(p for p in present - referenced if "/probe-" not in p)
+    # The core's batch journal (_eosink/journal/) is its record, not staged data.
+    left = sorted(
+        p
+        for p in present - referenced
+        if "/probe-" not in p and not p.startswith("_eosink/journal/")
+    )
     if eosink_only:
         left = [p for p in left if p.startswith(("eosink-", "_eosink/"))]
     return left

@@ -189,6 +189,28 @@ def test_driver_moves(zygote: Zygote, tmp_path: Path) -> None:
     assert leftover_files(opts) == []
 
 
+def test_batch_run_moves(zygote: Zygote, tmp_path: Path) -> None:
+    """A batch run (``epoch=5``) killed once PENDING, inside its commit and after it, each
+    re-run on a new machine (a new, empty default meta store): the batch journal beside the
+    table (``_eosink/journal/``) finishes the crashed run's epoch; run again once finished,
+    on yet another machine, it is skipped. (The release soak found the re-run after a commit
+    refused, ``SinkIdentityError``, before the sink kept that journal.)"""
+    from harness import check_commits_at_target, expected_epochs
+
+    d = delta(zygote, tmp_path, batches=4, batch=True, moves=True)
+    for fault in ["after_persist", "mid_commit", "after_commit"]:
+        d.kill_at(fault, sink="delta", front="run-batch")
+    d.finish()
+    assert "taking it from the journal" in "\n".join(d.logs)
+    d.finish()  # yet another machine: the journal says epoch 5 is in (nothing twice)
+    opts = table_options(d)
+    ids = sorted(int(r["id"]) for r in delta_rows(opts))
+    assert ids == list(range(d.batches * ROWS))
+    check_commits_at_target(epochs_in_history(opts, d.sink_id), expected_epochs(d))  # type: ignore[arg-type]
+    assert leftover_files(opts) == []
+    assert "SinkIdentityError" not in "\n".join(d.logs)
+
+
 def test_random_kills(zygote: Zygote, tmp_path: Path) -> None:
     """The change stream killed at random instants, again and again, then let finish."""
     _random_kills(

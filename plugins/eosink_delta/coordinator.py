@@ -27,6 +27,7 @@ from eosink import (
     CommitOutcome,
     ConfigError,
     EpochSpec,
+    JournalHome,
     Prepared,
     SinkCommitCoordinator,
     SinkError,
@@ -55,6 +56,7 @@ class DeltaCoordinator(
     SinkCommitCoordinator[dict[str, Any], dict[str, Any]],
     StagedEpochs,
     TargetMarker,
+    JournalHome,
     SparkWriter[dict[str, Any]],
 ):
     """The coordinator of one sink_id (see the module's docstring)."""
@@ -78,6 +80,11 @@ class DeltaCoordinator(
 
     def target_id(self) -> str | None:
         return f"delta:{self.opts.path}"
+
+    def journal_location(self) -> str | None:
+        """The core's batch journal, ``_eosink/journal`` in the table's directory (hidden from
+        Delta readers and from ``VACUUM``) on a local or mounted path; None on ``s3://``."""
+        return None if self.opts.on_s3 else f"{self.opts.path}/{layout.JOURNAL}"
 
     def _table(self) -> Any:
         """The table at its newest version (None when there is none yet)."""

@@ -12,6 +12,9 @@
 * **Staged changes of an upsert epoch**: ``_eosink/<sink key>/changes/e<epoch>-<attempt>/``.
   They never become data files (the epoch's ``MERGE`` writes its own), so they live in a
   hidden directory, which readers, ``VACUUM`` and ``OPTIMIZE`` never list.
+* **The core's batch journal** (local and mounted tables, :class:`eosink.JournalHome`):
+  ``_eosink/journal/``, hidden too. A batch job re-run with ``epoch=`` on another machine,
+  with a new meta store, finds there whether its epoch was committed or left PENDING.
 
 Names carry the sink key (:func:`eosink.util.sink_key`) and the epoch: what an epoch staged
 is found by epoch alone (``abort(e, None)``, ``staged_epochs``), and another writer's files
@@ -31,6 +34,7 @@ from eosink.util import sink_key
 
 __all__ = [
     "CHANGES",
+    "JOURNAL",
     "NULL_DIR",
     "attempt_dir",
     "changes_dir",
@@ -45,6 +49,7 @@ __all__ = [
 
 NULL_DIR = "__HIVE_DEFAULT_PARTITION__"
 CHANGES = "_eosink"
+JOURNAL = f"{CHANGES}/journal"
 _EPOCH_NAME = re.compile(r"^e(?P<epoch>\d+)$")
 _CHANGES_NAME = re.compile(r"^e(?P<epoch>\d+)-(?P<attempt>[A-Za-z0-9_.-]+)$")
 # Spark's ExternalCatalogUtils.escapePathName: these and the control characters.

@@ -42,7 +42,11 @@ SINK: SinkPlugin[DeltaSinkOptions, dict[str, Any], dict[str, Any]] = SinkPlugin(
     path_options=("path",),
     describe_open=describe_open,
     capabilities=eosink.Capabilities(
-        target_marker=True, staged_epochs=True, spark_writer=True, epoch_spec=True
+        target_marker=True,
+        staged_epochs=True,
+        journal_home=True,
+        spark_writer=True,
+        epoch_spec=True,
     ),
 )
 
