@@ -179,7 +179,11 @@ class _Decisions(_Recovery):
             f"sink {sid!r} has no record of epoch {epoch}, and epochs up to {high} were "
             "written by streaming queries or are known only as committed (garbage-collected "
             "or taken over from the target): eosink cannot tell whether this epoch is one "
-            f"of them. Pick an epoch above {high}, or leave epoch unset (the next free one)"
+            "of them. If this run repeats one that may have committed (a job re-run on "
+            "another machine, with another meta store), do not give it another epoch, which "
+            "would write its rows again: run it with the first run's meta store, or share "
+            "one (PostgreSQL) between the drivers. If its data is new, pick an epoch above "
+            f"{high}, or leave epoch unset (the next free one)"
         )
 
     def run_returned(self, epoch: int) -> None:
