@@ -45,6 +45,7 @@ def leftover_files(options: Any, *, eosink_only: bool = True) -> list[str]:
     are not its log: what the sink staged and left behind (``eosink_only``: the files the
     sink names, ``eosink-*/`` and ``_eosink/``; else every one, also those of a ``MERGE``
     that delta-rs wrote and never committed: ``VACUUM``'s to remove)."""
+    from eosink_delta.layout import JOURNAL
     from eosink_delta.options import filesystem
     from pyarrow import fs as pafs
 
@@ -66,9 +67,7 @@ def leftover_files(options: Any, *, eosink_only: bool = True) -> list[str]:
             referenced |= {unquote(p) for p in paths}
     # The core's batch journal (_eosink/journal/) is its record, not staged data.
     left = sorted(
-        p
-        for p in present - referenced
-        if "/probe-" not in p and not p.startswith("_eosink/journal/")
+        p for p in present - referenced if "/probe-" not in p and not p.startswith(f"{JOURNAL}/")
     )
     if eosink_only:
         left = [p for p in left if p.startswith(("eosink-", "_eosink/"))]
