@@ -317,6 +317,48 @@ def test_an_unsafe_s3_commit_is_refused(s3_endpoint: str) -> None:
         coord.init()
 
 
+@pytest.mark.parametrize("strip", [True, False], ids=["ignores-conditions", "honours-them"])
+def test_a_store_that_ignores_conditional_puts_is_refused(s3_endpoint: str, strip: bool) -> None:
+    """Before its first commit to a bucket the sink PUTs an object twice with
+    ``If-None-Match: *``: a store that lets the second overwrite the first would let two
+    commits of one table version both succeed, so it is refused with an error that says so.
+    The same proxy passing the header on lets the sink start and commit (the control: the
+    refusal is the store's doing, not the proxy's)."""
+    import subprocess
+    import sys
+
+    import eosink
+
+    raw = s3_table(s3_endpoint)
+    script = str(Path(__file__).parent / "s3_strip_proxy.py")
+    proxy = subprocess.Popen(
+        [sys.executable, script, s3_endpoint, *([] if strip else ["--keep"])],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None
+        raw["storage_options"]["AWS_ENDPOINT_URL"] = proxy.stdout.readline().strip()
+        plugin = eosink.get_sink("delta")
+        opts = plugin.parse_options({**raw, "create_table": True})
+        coord = plugin.coordinator_factory(opts, "delta:probe")
+        if strip:
+            with pytest.raises(
+                eosink.ConfigError,
+                match=r"overwrote an object that a conditional PUT \(If-None-Match: \*\) "
+                r"must not overwrite.*AWS_S3_LOCKING_PROVIDER=dynamodb",
+            ):
+                coord.init()
+            assert delta_table(opts) is None, "a table was created on an unsafe store"
+        else:
+            coord, c = _stage(plugin, opts, 0, 0, "delta:probe")
+            coord.commit(0, c)
+            assert sorted(r["id"] for r in delta_rows(opts)) == list(range(10))
+    finally:
+        proxy.kill()
+        proxy.wait()
+
+
 def test_status_describes_pending_epochs(tmp_path: Path) -> None:
     from eosink_delta.coordinator import describe_open
 
