@@ -23,7 +23,9 @@ by row. Sinks: ``file``, ``rolling`` (the file sink with files that span epochs:
 every second micro-batch), ``iceberg``, ``kafka`` (a topic of a broker the soak starts),
 ``sql`` (appends to a table of a PostgreSQL server the soak starts, a new database per run),
 ``delta`` (appends to a Delta table partitioned by ``grp``, read by delta-rs; the table's
-history must hold each epoch in one commit) and ``sql-cdc`` (the sql sink upserting a change
+history must hold each epoch in one commit), ``delta-cdc`` (the delta sink upserting the
+change stream ``sql-cdc`` writes, one ``MERGE`` per epoch, keyed as ``sql-cdc`` is) and
+``sql-cdc`` (the sql sink upserting a change
 stream, every 7th row a delete, over ``harness.make_cdc_input``'s change files: keyed by
 ``grp`` in half the runs, where hot keys change in every epoch and most rows insert a key of
 their own, by ``id`` in the others; the table must hold the final state computed from the
@@ -36,12 +38,13 @@ One line per sink sums it up::
     file     runs=61 kills=203 in_protocol=151 moves=97 rows=146400 lost=0 duplicated=0 ...
 
 ``in_protocol``: kills that landed after the sink's meta store rows changed in that run (the
-others hit Spark's start-up); ``lost``: input ids missing from the output (for ``sql-cdc``:
-rows of the expected final state missing or different); ``duplicated``: extra copies of ids;
-``misapplied``: runs whose target's record of commits does not hold each epoch once, in
-order (sql, sql-cdc, iceberg, delta); ``leftovers``: staged files, orphaned data files, staging
-tables, and PENDING or ABORTED epochs left in the meta store after the final run. The exit
-code is 1 when any of them is not 0 or a final run failed.
+others hit Spark's start-up); ``lost``: input ids missing from the output (for ``sql-cdc``
+and ``delta-cdc``: rows of the expected final state missing or different); ``duplicated``:
+extra copies of ids; ``misapplied``: runs whose target's record of commits does not hold
+each epoch once, in order (sql, sql-cdc, iceberg, delta, delta-cdc); ``leftovers``: staged
+files, orphaned data files, staging tables, and PENDING or ABORTED epochs left in the meta
+store after the final run. The exit code is 1 when any of them is not 0 or a final run
+failed.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ from harness import (  # noqa: E402
     staged_files,
 )
 
-SINKS = ("file", "rolling", "iceberg", "kafka", "sql", "sql-cdc", "delta")
+SINKS = ("file", "rolling", "iceberg", "kafka", "sql", "sql-cdc", "delta", "delta-cdc")
 
 
 @dataclass
@@ -126,14 +129,20 @@ def _read(job: Job, sink: str) -> tuple[list[int], list[str], list[int] | None]:
         return [r[0] for r in rows if r in want], [f"staging table {t}" for t in staged], epochs
     if sink in ("file", "rolling"):
         return read_ids(job.out), staged_files(job.out), None
-    if sink == "delta":
+    if sink in ("delta", "delta-cdc"):
         from test_delta import delta_rows, leftover_files
         from test_delta_crash import epochs_in_history
 
         import eosink
 
         opts = eosink.get_sink("delta").parse_options({"path": str(job.out)})
-        rows = [int(r["id"]) for r in delta_rows(opts)]
+        table = delta_rows(opts)
+        if sink == "delta":
+            rows = [int(r["id"]) for r in table]
+        else:  # a row that differs from the expected final state counts as lost
+            want = set(_sql_expected(job))
+            got = [(int(r["id"]), r["grp"], r["payload"]) for r in table]
+            rows = [r[0] for r in got if r in want]
         return rows, leftover_files(opts), epochs_in_history(opts, job.sink_id)
     if sink == "kafka":
         records = read_topic(job.sink_options["bootstrap_servers"], job.sink_options["topic"])
@@ -197,6 +206,10 @@ def make_job(
         return Job(tmp, mode, metastore, sink_options=opts, sink="kafka")
     if sink == "delta":
         return Job(tmp, mode, metastore, sink="delta", partition_by="grp")
+    if sink == "delta-cdc":
+        key = "grp" if run // 2 % 2 == 0 else "id"
+        cdc = {"mode": "upsert", "keys": [key], "order_by": "id", "op_column": "op"}
+        return Job(tmp, mode, metastore, sink_options=cdc, sink="delta")
     return Job(tmp, mode, metastore, sink=sink)
 
 
@@ -235,7 +248,7 @@ def one_run(
     job = make_job(tmp, sink, mode, metastore, args, kafka, run, target)
     job.on_machine("m0")
     moves = 0
-    if sink == "sql-cdc":
+    if sink in ("sql-cdc", "delta-cdc"):
         make_cdc_input(job.input, files=args.files, rows=args.rows)
         expected = [r[0] for r in _sql_expected(job)]
     else:
