@@ -218,3 +218,45 @@ def test_random_kills(zygote: Zygote, tmp_path: Path) -> None:
         random.Random("20261201-delta-cdc"),
         check,
     )
+
+
+def test_a_vacuumed_pending_epoch_is_abandoned_as_the_runbook_says(
+    zygote: Zygote, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/delta.md's "When a PENDING epoch cannot be committed", run as written: a stream
+    killed with epoch 2 PENDING (checkpointed, not committed), then a full ``VACUUM RETAIN 0
+    HOURS`` deletes its staged files. The next run stops, naming the missing files and
+    ``eosink abandon``, and commits nothing that points at them; ``eosink status`` shows the
+    epoch PENDING with that error; ``eosink abandon --accept-data-loss`` records the loss;
+    the run after it goes on. Every other epoch's rows are there once, epoch 2's are not,
+    and status shows the known loss."""
+    from deltalake import DeltaTable
+    from harness import epoch_states
+    from test_docs import _exit_status
+
+    d = delta(zygote, tmp_path, batches=5)
+    d.kill_at("before_commit@3", sink="delta")  # the third commit: epoch 2
+    opts = table_options(d)
+    assert 2 in epoch_states(d.metastore, d.sink_id).get("PENDING", [])
+    DeltaTable(opts.path).vacuum(
+        retention_hours=0, enforce_retention_duration=False, dry_run=False, full=True
+    )
+    assert d.run() not in (0, -9), d.last_log()
+    assert re.search(r"epoch 2 cannot be committed: \d+ of its \d+ data files are gone", d.log)
+    assert "eosink abandon" in d.log
+    assert 2 not in epochs_in_history(opts, d.sink_id)
+    base = ["--metastore-url", d.metastore, "--sink-id", d.sink_id]
+    capsys.readouterr()
+    assert _exit_status(["status", *base]) == 0
+    shown = capsys.readouterr().out
+    assert "PENDING" in shown and "cannot be committed" in shown, shown
+    abandon = ["abandon", *base, "--epoch", "2", "--reason", "vacuumed", "--accept-data-loss"]
+    assert _exit_status(abandon) == 0, capsys.readouterr()
+    d.finish()
+    ids = sorted(int(r["id"]) for r in delta_rows(opts))
+    assert ids == [i for i in range(d.batches * ROWS) if i // ROWS != 2]
+    assert epochs_in_history(opts, d.sink_id) == [0, 1, 3, 4]
+    assert leftover_files(opts) == []
+    capsys.readouterr()
+    assert _exit_status(["status", *base]) == 0
+    assert "KNOWN LOSS" in capsys.readouterr().out
