@@ -4,8 +4,9 @@ The server is a ``SparkConnectServer`` JVM of its own (``local[2]``, tests/conne
 by this module's tests on one pytest worker; the clients are ``tests/connect_job.py``
 subprocesses (a Connect client would switch this process's pyspark to Connect mode). Both
 front ends are exercised, ``eosink.run`` and ``format("eosink")``, batch and stream, to the
-file, iceberg and kafka sinks; the output is read back by the crash harness's independent
-readers (pyarrow, pyiceberg, a ``read_committed`` consumer) row by row.
+file, iceberg, kafka, sql and delta sinks; the output is read back by the crash harness's
+independent readers (pyarrow, pyiceberg, a ``read_committed`` consumer, SQL, delta-rs) row
+by row.
 
 Crashes: the Connect server (the driver) is SIGKILLed mid-stream with everything it started
 and restarted, and a client process is SIGKILLed while the server's query runs; a new client
@@ -265,7 +266,7 @@ def _meta_rows(job: ConnectJob) -> list[Any]:
 # Relative paths: where the user said, never the server's session folder
 # ---------------------------------------------------------------------------------------
 
-REL_SINKS = ("file", "iceberg", "sql")
+REL_SINKS = ("file", "iceberg", "sql", "delta")
 
 
 def _relative_options(sink: str, name: str) -> dict[str, Any]:
@@ -274,6 +275,8 @@ def _relative_options(sink: str, name: str) -> dict[str, Any]:
         return {"path": f"out/{name}", "partition_by": ["grp"]}
     if sink == "iceberg":  # upserts (keys unique: the table holds every row once)
         return {"table": "db.events", "warehouse": f"wh/{name}", "mode": "upsert", "keys": ["id"]}
+    if sink == "delta":
+        return {"path": f"out/{name}", "partition_by": ["grp"]}
     return {"url": f"sqlite:///{name}.sqlite", "table": "events", "create_table": True}
 
 
@@ -281,6 +284,13 @@ def _read_back(sink: str, cwd: Path, name: str) -> list[int]:
     """The ids at the location the user named (relative to ``cwd``), read without eosink."""
     if sink == "file":
         return read_ids(cwd / "out" / name, partitioned=True)
+    if sink == "delta":  # delta-rs' query engine, through the table's log
+        from test_delta import delta_rows
+
+        import eosink
+
+        opts = eosink.get_sink("delta").parse_options({"path": str(cwd / "out" / name)})
+        return sorted(int(r["id"]) for r in delta_rows(opts))
     if sink == "iceberg":
         from pyiceberg.catalog import load_catalog
 
@@ -296,8 +306,8 @@ def _read_back(sink: str, cwd: Path, name: str) -> list[int]:
 
 
 def _sink_id(sink: str, cwd: Path, name: str) -> str:
-    if sink == "file":
-        return f"file:{cwd / 'out' / name}"
+    if sink in ("file", "delta"):
+        return f"{sink}:{cwd / 'out' / name}"
     if sink == "iceberg":
         return "iceberg:eosink.db.events"
     return f"sql:sqlite://{cwd / name}.sqlite/events"
@@ -306,11 +316,12 @@ def _sink_id(sink: str, cwd: Path, name: str) -> str:
 def test_relative_paths_are_the_clients(server: ConnectServer, tmp_path: Path) -> None:
     """A client in its own working directory writes with every location relative (the
     target's path, an Iceberg warehouse, a SQLite database, the meta store, the checkpoint):
-    ``format("eosink")`` batch and stream to the file, iceberg (upserts) and sql sinks, and
-    ``eosink.run`` streams to the sql and file sinks. The output and the meta store are where
-    the user said, relative to the client's working directory, each row exactly once, read
-    back without eosink; nothing lands in the server's session folder (Spark Connect runs
-    the server's Python workers there, and deletes it with the session).
+    ``format("eosink")`` batch and stream to the file, iceberg (upserts), sql and delta sinks,
+    and ``eosink.run`` streams to the sql, file and delta sinks (the delta sink's native
+    path: Spark's writer in the server's ``foreachBatch`` worker). The output and the meta
+    store are where the user said, relative to the client's working directory, each row
+    exactly once, read back without eosink; nothing lands in the server's session folder
+    (Spark Connect runs the server's Python workers there, and deletes it with the session).
 
     A client that registers nothing (Spark's lookup of installed data sources finds
     ``format("eosink")``) gets an eosink error naming the relative option, before anything is
@@ -339,7 +350,7 @@ def test_relative_paths_are_the_clients(server: ConnectServer, tmp_path: Path) -
                 step.update(checkpoint_location=f"chk/{name}", max_files_per_trigger=2)
             steps.append(step)
             cases.append((sink, name, [5] if mode == "batch" else [0]))
-    for sink in ("sql", "file"):
+    for sink in ("sql", "file", "delta"):
         name = f"run-stream-{sink}"
         steps.append(
             {
@@ -381,6 +392,9 @@ def test_relative_paths_are_the_clients(server: ConnectServer, tmp_path: Path) -
         assert _read_back(sink, cwd, name) == expected, case
         meta = f"sqlite:///{cwd / 'meta' / name}.db"
         assert epoch_states(meta, _sink_id(sink, cwd, name)) == {"COMMITTED": epochs}, case
+    # eosink.run's delta stream staged with Spark's writer (the native path) on the server
+    spark_dirs = list((cwd / "out" / "run-stream-delta").glob("eosink-*/e*/spark-*"))
+    assert spark_dirs, "the delta sink's native path did not run over Spark Connect"
     err = bare.error(0)
     assert err is not None and err["eosink_class"] == "ConfigError", bare
     assert "path='out/unregistered'" in err["message"] and "absolute" in err["message"], err
