@@ -253,6 +253,36 @@ def test_the_kafka_sink_killed_on_3_5(kafka: Any, tmp_path: Path) -> None:
     check_topic(job, expected, aborted=True, per_epoch=ROWS)
 
 
+def test_the_delta_sink_killed_on_3_5(tmp_path: Path) -> None:
+    """The delta sink (a local table partitioned by ``grp``, Spark's own Parquet writer) on
+    pyspark 3.5: a stream killed after PENDING and inside its commit (after the Delta
+    version is written); every row once as delta-rs reads the table, each epoch in one
+    commit of its history, nothing staged left, every epoch COMMITTED."""
+    from harness import check_commits_at_target, epoch_states, expected_epochs
+    from test_delta import delta_rows, leftover_files
+    from test_delta_crash import epochs_in_history
+
+    import eosink
+
+    job = Job(
+        tmp_path,
+        "stream",
+        f"sqlite:///{tmp_path / 'metastore.db'}",
+        python=python_of("3.5.9"),
+        sink="delta",
+        partition_by="grp",
+    )
+    expected = make_input(job.input, files=4)
+    crash_chain(job, ["after_persist@2", "mid_commit@2"])
+    _ran_on(job, "3.5.9")
+    opts = eosink.get_sink("delta").parse_options({"path": str(job.out)})
+    assert sorted(int(r["id"]) for r in delta_rows(opts)) == expected
+    check_commits_at_target(epochs_in_history(opts, job.sink_id), expected_epochs(job))
+    assert leftover_files(opts) == []
+    assert set(epoch_states(job.metastore_url, job.sink_id)) == {"COMMITTED"}
+    assert list(job.out.glob("eosink-*/e*/spark-*")), "not staged by Spark's writer"
+
+
 def test_an_observation_completed_late_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """Spark 3.5 completes a write's ``Observation`` from its listener bus, a moment after
     the write returned (1 write in 30 here): ``observed`` waits for it, and gives up (a
