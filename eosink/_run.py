@@ -224,6 +224,7 @@ def _start_stream(
         runtime.close()
         runtime.store.close()
 
+    df = _observed_for_progress(df, connect=ckpt.connect)
     writer = df.writeStream.foreachBatch(batches).option("checkpointLocation", ckpt.spark_location)
     if isinstance(trigger, dict) and trigger:
         writer = writer.trigger(**trigger)
@@ -248,6 +249,29 @@ def _start_stream(
         ", micro-batches on the Spark Connect server" if ckpt.connect else "",
     )
     return handle
+
+
+PROGRESS_METRICS = "eosink"
+"""The name of the observed metrics an ``eosink.run`` stream adds to Spark's progress."""
+
+
+def _observed_for_progress(df: DataFrame, *, connect: bool) -> DataFrame:
+    """``df`` observed as :data:`PROGRESS_METRICS`: each micro-batch's rows handed to the
+    sink appear in Spark's ``StreamingQueryProgress.observedMetrics`` (``{"eosink":
+    Row(rows=N)}``; the Spark UI and ``query.lastProgress`` show it), for users who only look
+    at Spark. A stateless aggregate at the top of the plan: checkpoints of earlier runs
+    without it resume. Bytes and the commit's figures are not known when Spark reports the
+    micro-batch (they are in eosink's metrics and the handle's figures). Spark Connect 3.5
+    has no ``observe``: there the stream runs without it."""
+    if connect and not _spark_version.CONNECT_OBSERVATION:
+        return df
+    from pyspark.sql import functions as F
+
+    try:
+        return df.observe(PROGRESS_METRICS, F.count(F.lit(1)).alias("rows"))
+    except Exception as exc:  # never let a progress figure stop a stream
+        log.debug("the stream's rows are not observed for Spark's progress (%s)", exc)
+        return df
 
 
 # One or more "<number> <unit>" pairs, as Spark's interval strings ("5 seconds",

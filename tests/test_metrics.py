@@ -45,6 +45,9 @@ def test_a_streams_figures_on_the_drivers_endpoint(
     )
     h.await_termination()
     assert read_ids(out) == expected
+    # Spark's own progress of each micro-batch has its rows (observed metrics "eosink").
+    progress = [p for p in h.query.recentProgress if p.numInputRows]
+    assert [p.observedMetrics["eosink"]["rows"] for p in progress] == [40, 40, 40], progress
     sid = f"file:{out.resolve()}"
     got = scrape(metrics_endpoint)
     me = {"sink_id": sid, "sink_kind": "file"}
