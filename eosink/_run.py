@@ -262,15 +262,24 @@ def _observed_for_progress(df: DataFrame, *, connect: bool) -> DataFrame:
     at Spark. A stateless aggregate at the top of the plan: checkpoints of earlier runs
     without it resume. Bytes and the commit's figures are not known when Spark reports the
     micro-batch (they are in eosink's metrics and the handle's figures). Spark Connect 3.5
-    has no ``observe``: there the stream runs without it."""
+    has no ``observe``, and a query that observes a metric of that name itself keeps its own:
+    there the stream runs without it (logged)."""
     if connect and not _spark_version.CONNECT_OBSERVATION:
         return df
     from pyspark.sql import functions as F
 
     try:
-        return df.observe(PROGRESS_METRICS, F.count(F.lit(1)).alias("rows"))
+        observed = df.observe(PROGRESS_METRICS, F.count(F.lit(1)).alias("rows"))
+        if connect:
+            observed.schema  # noqa: B018 -- analysed now, as a classic session does at once
+        return observed
     except Exception as exc:  # never let a progress figure stop a stream
-        log.debug("the stream's rows are not observed for Spark's progress (%s)", exc)
+        # e.g. DUPLICATED_METRICS_NAME: the query observes a metric of this name itself
+        log.info(
+            "the stream's rows are not added to Spark's progress as observed metrics %r: %s",
+            PROGRESS_METRICS,
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
         return df
 
 

@@ -66,6 +66,36 @@ def test_a_streams_figures_on_the_drivers_endpoint(
     assert value(got, "eosink_epochs_pending", **me) is None
 
 
+def test_a_query_observing_its_own_eosink_metric_keeps_it(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spark refuses two observations of one name: a query that observes ``eosink`` itself
+    runs and keeps its own figure; eosink adds none and logs why."""
+    from pyspark.sql import functions as F
+
+    inp, out = tmp_path / "input", tmp_path / "out"
+    expected = make_input(inp, files=1, rows=40)
+    stream = (
+        spark.readStream.schema("id long, grp string, payload string")
+        .parquet(str(inp))
+        .observe("eosink", F.max("id").alias("largest"))
+    )
+    with caplog.at_level("INFO", logger="eosink"):
+        h = eosink.run(
+            stream,
+            sink="file",
+            path=str(out),
+            checkpoint_location=str(tmp_path / "chk"),
+            trigger={"availableNow": True},
+            metastore_url=f"sqlite:///{tmp_path / 'm.db'}",
+        )
+        h.await_termination()
+    assert read_ids(out) == expected
+    [p] = [p for p in h.query.recentProgress if p.numInputRows]
+    assert p.observedMetrics["eosink"].asDict() == {"largest": 39}
+    assert "not added to Spark's progress" in caplog.text
+
+
 def _serve(url: str, log: Path) -> tuple[subprocess.Popen[bytes], int]:
     """``eosink metrics serve`` on a free port, reading the store every 0.2 s."""
     argv = ["metrics", "serve", "--metastore-url", url, "--port", "0", "--addr", "127.0.0.1"]
