@@ -195,6 +195,7 @@ def run_step(spark: Any, step: dict[str, Any]) -> Finish:
                 "figures": [f.as_dict() for f in h.figures],
                 "committed_epochs": list(h.committed_epochs()),
                 "restarts": h.restarts,
+                "observed_rows": _observed_rows(h.query.recentProgress),
             }
 
         return finish_run
@@ -226,6 +227,21 @@ def run_step(spark: Any, step: dict[str, Any]) -> Finish:
         return {"query_id": q.id, "batches": [p["batchId"] for p in progress]}
 
     return finish_format
+
+
+def _observed_rows(progress: list[Any]) -> list[int]:
+    """The rows of eosink's observed metrics ("eosink") in each micro-batch's progress that
+    has them. Over Spark Connect (pyspark 4.3) the client's progress has no
+    ``numInputRows`` and gives an observed metric as ``Row(values=[...], schema=...)``."""
+    out: list[int] = []
+    for p in progress:
+        observed = (p.get("observedMetrics") if isinstance(p, dict) else p.observedMetrics) or {}
+        row = observed.get("eosink")
+        if row is None:
+            continue
+        d = row if isinstance(row, dict) else row.asDict()
+        out.append(int(d["rows"] if "rows" in d else d["values"][0]))
+    return out
 
 
 def _progress(p: Any) -> dict[str, Any]:

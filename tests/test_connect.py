@@ -166,6 +166,8 @@ def test_a_streams_figures_while_it_runs(server: ConnectServer, tmp_path: Path) 
     assert client.code == 0 and not client.errors, client
     result = client.result(0)
     assert result is not None and result["committed_while_running"][:1] == [0], client
+    # Spark's own progress of each micro-batch has its rows (observed metrics "eosink").
+    assert result["observed_rows"] and set(result["observed_rows"]) == {ROWS}, result
     # stop() committed what the server's worker had checkpointed; the rest on the next run.
     check_output(job, expected[: ROWS * len(result["committed_epochs"])], per_epoch=ROWS)
 
