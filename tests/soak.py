@@ -130,12 +130,10 @@ def _read(job: Job, sink: str) -> tuple[list[int], list[str], list[int] | None]:
     if sink in ("file", "rolling"):
         return read_ids(job.out), staged_files(job.out), None
     if sink in ("delta", "delta-cdc"):
-        from test_delta import delta_rows, leftover_files
+        from test_delta import delta_options, delta_rows, leftover_files
         from test_delta_crash import epochs_in_history
 
-        import eosink
-
-        opts = eosink.get_sink("delta").parse_options({"path": str(job.out)})
+        opts = delta_options(job.out)
         table = delta_rows(opts)
         if sink == "delta":
             rows = [int(r["id"]) for r in table]

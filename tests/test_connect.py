@@ -287,12 +287,9 @@ def _read_back(sink: str, cwd: Path, name: str) -> list[int]:
     if sink == "file":
         return read_ids(cwd / "out" / name, partitioned=True)
     if sink == "delta":  # delta-rs' query engine, through the table's log
-        from test_delta import delta_rows
+        from test_delta import delta_options, delta_rows
 
-        import eosink
-
-        opts = eosink.get_sink("delta").parse_options({"path": str(cwd / "out" / name)})
-        return sorted(int(r["id"]) for r in delta_rows(opts))
+        return sorted(int(r["id"]) for r in delta_rows(delta_options(cwd / "out" / name)))
     if sink == "iceberg":
         from pyiceberg.catalog import load_catalog
 

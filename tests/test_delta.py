@@ -28,6 +28,13 @@ def delta_table(options: Any) -> Any:
     return DeltaTable(options.path, storage_options=so)
 
 
+def delta_options(path: Any) -> Any:
+    """The delta sink's parsed options of the table at ``path`` (to read it back)."""
+    import eosink
+
+    return eosink.get_sink("delta").parse_options({"path": str(path)})
+
+
 def delta_rows(options: Any) -> list[dict[str, Any]]:
     """Every row of the table, as delta-rs' query engine reads it."""
     from deltalake import QueryBuilder

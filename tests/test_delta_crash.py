@@ -82,6 +82,20 @@ def epochs_in_history(opts: Any, sink_id: str) -> list[int]:
     return [int(h["eosink.epoch"]) for h in history if h.get("eosink.sink_id") == sink_id]
 
 
+def check_job(job: Any, expected: list[int]) -> None:
+    """A crash job's (``harness.Job``) table of appends: every input id once as delta-rs reads
+    it, each epoch in one commit of the table's history, in order, nothing staged left, every
+    epoch COMMITTED."""
+    from harness import check_commits_at_target, epoch_states, expected_epochs
+    from test_delta import delta_options
+
+    opts = delta_options(job.out)
+    assert sorted(int(r["id"]) for r in delta_rows(opts)) == sorted(expected), job.last_log()
+    check_commits_at_target(epochs_in_history(opts, job.sink_id), expected_epochs(job))
+    assert leftover_files(opts) == []
+    assert set(epoch_states(job.metastore_url, job.sink_id)) == {"COMMITTED"}
+
+
 def check(d: Driver) -> None:
     """The module docstring's checks."""
     from harness import cdc_state, check_commits_at_target, epoch_states, expected_epochs

@@ -254,14 +254,10 @@ def test_spark_driver_killed(tmp_path: Path, mode: str, faults: list[str]) -> No
     tier: what differs from the lifecycle driver's ``format("eosink")`` chains
     (tests/test_delta_crash.py) is Spark's Python data source worker around the commit,
     which is the same code for every sink and is killed with the other sinks in CI."""
-    from harness import Job, check_commits_at_target, crash_chain, expected_epochs, make_input
-    from test_delta import leftover_files
-    from test_delta_crash import epochs_in_history
+    from harness import Job, crash_chain, make_input
+    from test_delta_crash import check_job
 
     job = Job(tmp_path, mode, f"sqlite:///{tmp_path / 'm.db'}", sink="delta", partition_by="grp")
     ids = make_input(job.input, files=4, rows=40)
     crash_chain(job, faults)
-    opts = eosink.get_sink("delta").parse_options({"path": str(job.out)})
-    assert sorted(int(r["id"]) for r in delta_rows(opts)) == sorted(ids)
-    check_commits_at_target(epochs_in_history(opts, job.sink_id), expected_epochs(job))
-    assert leftover_files(opts) == []
+    check_job(job, ids)

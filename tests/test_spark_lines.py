@@ -258,11 +258,7 @@ def test_the_delta_sink_killed_on_3_5(tmp_path: Path) -> None:
     pyspark 3.5: a stream killed after PENDING and inside its commit (after the Delta
     version is written); every row once as delta-rs reads the table, each epoch in one
     commit of its history, nothing staged left, every epoch COMMITTED."""
-    from harness import check_commits_at_target, epoch_states, expected_epochs
-    from test_delta import delta_rows, leftover_files
-    from test_delta_crash import epochs_in_history
-
-    import eosink
+    from test_delta_crash import check_job
 
     job = Job(
         tmp_path,
@@ -275,11 +271,7 @@ def test_the_delta_sink_killed_on_3_5(tmp_path: Path) -> None:
     expected = make_input(job.input, files=4)
     crash_chain(job, ["after_persist@2", "mid_commit@2"])
     _ran_on(job, "3.5.9")
-    opts = eosink.get_sink("delta").parse_options({"path": str(job.out)})
-    assert sorted(int(r["id"]) for r in delta_rows(opts)) == expected
-    check_commits_at_target(epochs_in_history(opts, job.sink_id), expected_epochs(job))
-    assert leftover_files(opts) == []
-    assert set(epoch_states(job.metastore_url, job.sink_id)) == {"COMMITTED"}
+    check_job(job, expected)
     assert list(job.out.glob("eosink-*/e*/spark-*")), "not staged by Spark's writer"
 
 
