@@ -147,6 +147,33 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Where the run's time went: worker minutes by test file (setup, call and teardown of
+    every test, summed over the workers), the 25 most costly files and the total, so that
+    every CI log answers "what does the 45-minute budget pay for" (docs/testing.md)."""
+    if hasattr(config, "workerinput"):
+        return
+    by_file: dict[str, float] = {}
+    tests: dict[str, set[str]] = {}
+    for reports in terminalreporter.stats.values():
+        for rep in reports:
+            nodeid = getattr(rep, "nodeid", "")
+            duration = getattr(rep, "duration", None)
+            if not nodeid or duration is None:
+                continue
+            name = nodeid.split("::", 1)[0]
+            by_file[name] = by_file.get(name, 0.0) + float(duration)
+            tests.setdefault(name, set()).add(nodeid)
+    if not by_file:
+        return
+    total = sum(by_file.values())
+    terminalreporter.write_sep("=", f"worker minutes by file: {total / 60:.1f} in all")
+    for name, secs in sorted(by_file.items(), key=lambda kv: -kv[1])[:25]:
+        terminalreporter.write_line(
+            f"{secs / 60:6.1f}  {100 * secs / total:4.1f} %  {len(tests[name]):4d} tests  {name}"
+        )
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     for proc in _BACKGROUND:
         proc.wait()
