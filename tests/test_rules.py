@@ -1,4 +1,4 @@
-"""The recovery rules as pure functions (eosink/_rules.py), checked exhaustively.
+"""The recovery rules as pure functions (eosink/_rules/), checked exhaustively.
 
 Every combination of PENDING epochs up to a bound (4 epochs, each of 6 origins or absent),
 every first epoch and both kinds of start, for a batch run with ``epoch=``, one without and
@@ -106,7 +106,7 @@ def test_sweep_keeps_what_has_a_committable_or_is_visible_or_held() -> None:
 
 
 def test_concepts_names_the_function_of_each_rule() -> None:
-    """docs/concepts.md's table of rule -> function names functions of eosink/_rules.py
+    """docs/concepts.md's table of rule -> function names functions of eosink/_rules/
     that exist, and every decision function there is in the table."""
     text = (Path(__file__).resolve().parents[1] / "docs" / "concepts.md").read_text()
     table = text[text.index("| rule | decided by |") :].split("\n\n", 1)[0]
