@@ -79,7 +79,7 @@ def to_arrow(df: Any) -> pa.Table:
     """``df.toArrow()``, which pyspark 4.0 added; on 3.5 the same collect it wraps."""
     if hasattr(df, "toArrow"):
         return df.toArrow()
-    from eosink._session import spark_to_arrow
+    from eosink._arrow_schema import spark_to_arrow
 
     batches = df._collect_as_arrow()
     if not batches:

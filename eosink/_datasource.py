@@ -226,7 +226,7 @@ def _commit_stream_epoch(
 
 
 def _arrow(schema: StructType) -> pa.Schema:
-    from ._session import spark_to_arrow
+    from ._arrow_schema import spark_to_arrow
 
     return spark_to_arrow(schema, "UTC")
 

@@ -13,11 +13,11 @@ from . import _metrics
 from ._metastore import MetaStore
 from ._protocol import EpochFigures
 from ._restart import NO_RESTART, RestartPolicy, restart_rule, stream_failure_verdict
+from ._spark_errors import eosink_error_of_stream
 from ._stream import (
     StreamBatches,
     close_live,
     committed_figures,
-    eosink_error_of_stream,
     finish_stream,
     wait_committed,
 )

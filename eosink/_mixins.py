@@ -9,7 +9,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -17,8 +17,6 @@ from .errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
-    from .sink import SinkPlugin
 
 R = TypeVar("R")
 
@@ -320,7 +318,18 @@ _MIXINS: dict[str, type] = {
 _undeclared_told: set[str] = set()
 
 
-def capabilities_of(plugin: SinkPlugin[Any, Any, Any], coordinator: object) -> Capabilities:
+class _Declaring(Protocol):
+    """What :func:`capabilities_of` reads of a :class:`~eosink.sink.SinkPlugin` (typed so, not
+    by the class, so that this module does not import ``eosink.sink``, which imports it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> Capabilities | None: ...
+
+
+def capabilities_of(plugin: _Declaring, coordinator: object) -> Capabilities:
     """The capabilities the core uses for ``plugin``'s ``coordinator``: the declared record,
     checked against the coordinator; for a plugin that declares none, what its coordinator
     implements, with a ``DeprecationWarning`` (once per plugin).

@@ -101,7 +101,7 @@ def survey(setup: Any) -> Retirement:
     """
     from ._metastore import MetaStore
     from ._mixins import capabilities_of
-    from ._protocol.state import check_identity
+    from ._protocol.identity import check_identity
 
     store = MetaStore(setup.metastore_url, retry_s=setup.metastore_retry_s, create=False)
     coordinator = setup.plugin.coordinator_factory(setup.options, setup.sink_id)

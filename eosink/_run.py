@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _spark_version
+from ._arrow_schema import arrow_schema
 from ._batch import run_batch
 from ._checkpoint import CheckpointDir
 from ._handles import BatchResult, StreamingHandle
@@ -19,7 +20,6 @@ from ._logs import default_logging
 from ._metastore import MetaStore
 from ._protocol import EpochFigures, SinkRuntime
 from ._restart import RestartPolicy
-from ._session import arrow_schema
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._staging import spark_master
 from ._stream import open_stream_batches

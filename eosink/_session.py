@@ -7,25 +7,21 @@ import logging
 import os
 import shutil
 import sys
-from typing import TYPE_CHECKING, Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from . import _spark_version
 from ._metastore import eosink_home
 from .errors import ConfigError, EosinkError
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("eosink")
 
 __all__ = [
     "SPARK_LOG_LEVELS",
-    "arrow_schema",
     "find_java",
     "spark_session",
-    "spark_to_arrow",
 ]
 
 
@@ -293,21 +289,3 @@ def prepare_session(spark: SparkSession) -> None:
         from ._datasource import register
 
         register(spark)
-
-
-def arrow_schema(df: DataFrame) -> pa.Schema:
-    """The Arrow schema Spark's ``mapInArrow`` hands to writers for ``df``."""
-    tz = df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"
-    return spark_to_arrow(df.schema, tz)
-
-
-def spark_to_arrow(schema: Any, timezone: str = "UTC") -> pa.Schema:
-    """pyspark's ``to_arrow_schema`` of a ``StructType``, on every supported pyspark.
-
-    pyspark 4.1 added the ``timezone`` argument; 3.5 and 4.0 write timestamps as UTC.
-    """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    if _spark_version.ARROW_SCHEMA_TIMEZONE:
-        return to_arrow_schema(schema, timezone=timezone)
-    return to_arrow_schema(schema)  # 3.5, 4.0: timestamps as UTC

@@ -121,8 +121,6 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
         cause = getattr(exc, "_cause", None)
         err = _eosink_error_of(cause) if cause is not None else None
         if err is None:  # a Spark Connect client's exception: the cause is text only
-            from ._stream import eosink_error_of_stream
-
             err = eosink_error_of_stream(exc)
         if err is None and _python_task_error(cause) and _EOSINK_STREAM.search(str(exc)):
             err = _task_error('format("eosink") stream', cause)
@@ -159,8 +157,6 @@ def _task_error(what: str, exc: Any) -> EosinkError:
     """A write of ``format("eosink")`` that failed in a Spark task with a Python error that
     is not eosink's (a UDF of the DataFrame raised): that error's line first, as
     :func:`eosink.run` gives it, and the task's Python frames as its traceback."""
-    from ._write import _root_cause
-
     err = errors.SinkError(
         f"{what}: writing failed in a Spark task: {_root_cause(exc)} (nothing of the epoch "
         "was committed; the task's frames are this error's traceback)"
@@ -249,3 +245,41 @@ def _wrap(module: Any, name: str) -> None:
     convert_exception.__eosink__ = True  # type: ignore[attr-defined]
     convert_exception.__wrapped__ = original  # type: ignore[attr-defined]
     setattr(module, name, convert_exception)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The last ``SomethingError: message`` line of a Spark failure, else its first line."""
+    text = str(exc)
+    java = re.findall(r"^\s*Caused by: (?:[\w.$]+\.)?(\w+(?:Error|Exception): .+)$", text, re.M)
+    if java:  # a JVM failure: its innermost cause says what went wrong
+        return str(java[-1])[:500]
+    found = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .+)$", text, re.M)
+    causes = [c for c in found if not c.startswith(("PythonException", "Py4JJavaError"))]
+    return causes[-1] if causes else text.strip().splitlines()[0][:300]
+
+
+def eosink_error_of_stream(exc: BaseException) -> EosinkError | None:
+    """The eosink error that stopped a stream, from Spark's ``StreamingQueryException``.
+
+    Spark reports an exception of a ``foreachBatch`` function as text (the Python traceback
+    inside ``FOREACH_BATCH_USER_FUNCTION_ERROR``, on classic sessions and over Spark Connect);
+    when that traceback ends with an eosink error, the error is rebuilt (same class and
+    message, Spark's error as its cause). Anything else: None.
+    """
+    if isinstance(exc, EosinkError):
+        return exc
+    text = str(exc)
+    for attr in ("desc", "_desc"):
+        more = getattr(exc, attr, None)
+        if isinstance(more, str) and more not in text:
+            text += "\n" + more
+    cut = text.find("\n=== Streaming Query ===")
+    if cut >= 0:
+        text = text[:cut]
+    if "Traceback (most recent call last)" not in text:
+        return None
+    text = re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text)  # Spark Connect appends them
+    try:
+        return _eosink_error_in(text.rstrip())
+    except Exception:  # never make an error worse
+        return None

@@ -16,7 +16,6 @@ sinks whose files span epochs.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import threading
 import time
@@ -33,7 +32,7 @@ from ._metastore import COMMITTED, PENDING, MetaStore
 from ._protocol import FIGURES_KEPT, AsyncCommitter, EpochFigures, SinkRuntime
 from ._setup import SinkSetup, open_runtime
 from ._write import Written, spark_write
-from .errors import ConfigError, EosinkError
+from .errors import ConfigError
 from .faults import fault_point
 from .sink import Rolling
 
@@ -48,7 +47,6 @@ __all__ = [
     "StreamBatches",
     "StreamSettings",
     "close_live",
-    "eosink_error_of_stream",
     "finish_stream",
     "open_stream_batches",
     "wait_committed",
@@ -419,35 +417,6 @@ def committed_figures(
         for r in sorted(store.epochs(settings.setup.sink_id, (COMMITTED,)), key=lambda r: r.epoch)
         if r.origin == settings.lineage and r.epoch >= first_epoch
     ][-1000:]
-
-
-def eosink_error_of_stream(exc: BaseException) -> EosinkError | None:
-    """The eosink error that stopped a stream, from Spark's ``StreamingQueryException``.
-
-    Spark reports an exception of a ``foreachBatch`` function as text (the Python traceback
-    inside ``FOREACH_BATCH_USER_FUNCTION_ERROR``, on classic sessions and over Spark Connect);
-    when that traceback ends with an eosink error, the error is rebuilt (same class and
-    message, Spark's error as its cause). Anything else: None.
-    """
-    if isinstance(exc, EosinkError):
-        return exc
-    text = str(exc)
-    for attr in ("desc", "_desc"):
-        more = getattr(exc, attr, None)
-        if isinstance(more, str) and more not in text:
-            text += "\n" + more
-    cut = text.find("\n=== Streaming Query ===")
-    if cut >= 0:
-        text = text[:cut]
-    if "Traceback (most recent call last)" not in text:
-        return None
-    text = re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text)  # Spark Connect appends them
-    from ._spark_errors import _eosink_error_in
-
-    try:
-        return _eosink_error_in(text.rstrip())
-    except Exception:  # never make an error worse
-        return None
 
 
 def wait_committed(settings: StreamSettings, active: Callable[[], bool], timeout: float) -> None:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, cast
 import pyarrow as pa
 
 from . import _spark_version
-from ._session import arrow_schema
+from ._arrow_schema import arrow_schema
+from ._spark_errors import _eosink_error_in, _note, _root_cause
 from ._staging import is_connect
 from ._tasks import TaskSink, _task_fn
 from .errors import EosinkError, SinkError
@@ -251,8 +252,6 @@ def task_eosink_error(exc: BaseException, note: str = "") -> EosinkError | None:
     text = str(exc)
     if "eosink." not in text:
         return None
-    from ._spark_errors import _eosink_error_in, _note
-
     try:
         err = _eosink_error_in(re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text).rstrip())
     except Exception:  # never make an error worse
@@ -260,14 +259,3 @@ def task_eosink_error(exc: BaseException, note: str = "") -> EosinkError | None:
     if err is not None and note:
         _note(err, note)
     return err
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The last ``SomethingError: message`` line of a Spark failure, else its first line."""
-    text = str(exc)
-    java = re.findall(r"^\s*Caused by: (?:[\w.$]+\.)?(\w+(?:Error|Exception): .+)$", text, re.M)
-    if java:  # a JVM failure: its innermost cause says what went wrong
-        return str(java[-1])[:500]
-    found = re.findall(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception): .+)$", text, re.M)
-    causes = [c for c in found if not c.startswith(("PythonException", "Py4JJavaError"))]
-    return causes[-1] if causes else text.strip().splitlines()[0][:300]

@@ -10,7 +10,7 @@ from typing import Any
 
 from .owners import owner_alive
 from .stores import open_store
-from .text import iso, one_line, table
+from .text import iso, one_line, run_label, table
 
 MS = "milliseconds"
 """An epoch's times (PENDING since, committed at) carry milliseconds: charts and lag need them."""
@@ -280,20 +280,6 @@ def open_at_target(
                 "some listed here may be published already"
             )
     return items, None if items else "nothing"
-
-
-def run_label(origin: str | None) -> str:
-    """What wrote an epoch: a batch run (explicit epoch), a batch run without epoch=, or a
-    stream (its lineage's first 8 characters)."""
-    from .._metastore import AUTO_ORIGINS, BATCH, DROPPED_OPEN_FILE
-
-    if origin == BATCH:
-        return "batch"
-    if origin in AUTO_ORIGINS:
-        return "batch (auto epoch)"
-    if origin == DROPPED_OPEN_FILE:
-        return "dropped open file"
-    return f"stream {origin[:8]}" if origin else "-"
 
 
 def register(sub: Any) -> None:

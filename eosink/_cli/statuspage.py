@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MissingExtraError
+from .text import run_label
 
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#1b1f24;
@@ -127,8 +128,6 @@ def _age(seconds: float) -> str:
 
 def sink_page(s: dict[str, Any], store: str, now: float | None = None) -> str:
     """The page of one sink, from its ``eosink status --json`` dict."""
-    from .status import run_label
-
     plt = _pyplot()
     now = time.time() if now is None else now
     now_dt = datetime.fromtimestamp(now).astimezone()

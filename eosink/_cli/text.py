@@ -25,3 +25,17 @@ def iso(t: float | None, timespec: str = "seconds") -> str | None:
     if not t:
         return None
     return datetime.fromtimestamp(t).astimezone().isoformat(timespec=timespec)
+
+
+def run_label(origin: str | None) -> str:
+    """What wrote an epoch: a batch run (explicit epoch), a batch run without epoch=, or a
+    stream (its lineage's first 8 characters)."""
+    from .._metastore import AUTO_ORIGINS, BATCH, DROPPED_OPEN_FILE
+
+    if origin == BATCH:
+        return "batch"
+    if origin in AUTO_ORIGINS:
+        return "batch (auto epoch)"
+    if origin == DROPPED_OPEN_FILE:
+        return "dropped open file"
+    return f"stream {origin[:8]}" if origin else "-"

@@ -7,7 +7,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .. import _metrics
 from .._metastore import (
@@ -15,9 +15,6 @@ from .._metastore import (
     MetaStore,
 )
 from .figures import EpochFigures
-
-if TYPE_CHECKING:
-    from .runtime import SinkRuntime
 
 log = logging.getLogger("eosink")
 
@@ -53,6 +50,16 @@ class Heartbeat:
         self.store.heartbeat(self.sink_id, self.generation, stopped=not keep)
 
 
+class _Committing(Protocol):
+    """What the :class:`AsyncCommitter` uses of its :class:`~eosink._protocol.SinkRuntime`
+    (typed so, not by the class, so that this module does not import the runtime's)."""
+
+    sink_id: str
+
+    def commit_epoch(self, epoch: int, committable: Any, fig: EpochFigures | None = None) -> None:
+        """Phase 2 of ``epoch``."""
+
+
 class AsyncCommitter:
     """Runs phase 2 off the batch's critical path, in epoch order.
 
@@ -63,7 +70,7 @@ class AsyncCommitter:
 
     def __init__(
         self,
-        runtime: SinkRuntime,
+        runtime: _Committing,
         checkpointed: Callable[[int], bool],
         poll_s: float = 0.02,
     ) -> None:
