@@ -112,10 +112,33 @@ def postgres(admin_url: str | None, log: Callable[[str], None]) -> Iterator[str 
                 server.stop()
 
 
+def fsync_rename_ms(tmp: Path, n: int = 200) -> float:
+    """The median milliseconds of a durable atomic replace on this machine's disk (write a
+    temporary file, fsync it, rename it over the old one, fsync the directory): the unit the
+    protocol's cost is made of (DESIGN.md section 7 took ~0.25 ms)."""
+    from eosink.util import fsync_path
+
+    d = tmp / "fsync-probe"
+    d.mkdir(parents=True, exist_ok=True)
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        part = d / f".probe.{i}.tmp"
+        with open(part, "wb") as fh:
+            fh.write(b'{"epoch": %d}' % i)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(part, d / "probe.json")
+        fsync_path(d)
+        times.append((time.perf_counter() - t0) * 1000)
+    return med(times)
+
+
 def protocol_rows(
     epochs: int, tmp: Path, pg_admin: str | None, log: Callable[[str], None]
 ) -> list[Row]:
     rows = []
+    before = fsync_rename_ms(tmp)
     with postgres(pg_admin, log) as pg_url:
         stores = {"SQLite": f"sqlite:///{tmp / 'proto.db'}"}
         if pg_url:
@@ -153,6 +176,19 @@ def protocol_rows(
                     "info",
                 )
             )
+    after = fsync_rename_ms(tmp)
+    rows.append(
+        Row(
+            "an fsync'd atomic rename on this disk, before / after the protocol rows (the unit "
+            "of their cost: a stream's epoch waits on ~4 syncs)",
+            f"{before:.2f} ms / {after:.2f} ms",
+            "0.25 ms (DESIGN.md section 7's machine)",
+            f"{max(before, after) / 0.25:.1f} x",
+            "info",
+            "-",
+            "info",
+        )
+    )
     if not any("PostgreSQL" in r.measure for r in rows):
         rows.append(
             Row(
