@@ -109,6 +109,11 @@ class CheckpointDir:
                 self.location = str(self._local)
 
     @property
+    def is_local(self) -> bool:
+        """Whether this checkpoint is on the local file system (not read through Hadoop)."""
+        return self._local is not None
+
+    @property
     def spark_location(self) -> str:
         """The location as Spark's ``checkpointLocation`` option: a Spark Connect client
         gives the server a ``file:`` URI (a bare path is on the server's ``fs.defaultFS``)."""

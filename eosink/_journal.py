@@ -174,7 +174,7 @@ class Journal:
         Such an entry is superseded: its driver recorded the epoch and died before Spark
         checkpointed it, so this driver ran the batch again and its staging was discarded.
         :meth:`entries` reads an epoch's newest generation anyway; deleting the older ones
-        keeps a torn newest entry (possible mid-write on a non-local file system) from
+        keeps a torn newest entry (possible mid-write: it is created in place) from
         falling back to a record whose data is gone. A crash between the two steps leaves a
         superseded entry, deleted by the next record of the epoch or by
         :meth:`forget_before`. Only a driver's first record can supersede one (Spark runs
@@ -198,7 +198,14 @@ class Journal:
             fields["spec"] = entry.spec
         body = json.dumps(fields).encode()
         name = f"{entry.epoch:012d}.{entry.generation}.json"
-        self.ckpt.write_bytes(f"{self.dir}/pending/{name}", body)
+        rel = f"{self.dir}/pending/{name}"
+        # Locally, a new name (this generation's first record of the epoch) is created in
+        # place: one sync less than a replace by rename (on Hadoop file systems an exclusive
+        # create costs an existence check instead). A crash mid-write leaves it torn, which
+        # entries() skips as it skips a torn entry of any file system (the epoch was never
+        # persisted). A second record of the epoch by this driver replaces it atomically.
+        if not (self.ckpt.is_local and self.ckpt.write_bytes(rel, body, exclusive=True)):
+            self.ckpt.write_bytes(rel, body)
         if self._pruned:
             return
         self._pruned = True

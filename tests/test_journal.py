@@ -87,6 +87,30 @@ def test_torn_entries_are_ignored(tmp_path: Path) -> None:
     assert (j.state() or {})["generation"] == 1  # the newest generation that reads whole
 
 
+def test_a_new_entry_is_created_in_place_and_a_second_record_replaces_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Locally a driver's first entry of an epoch is created under its final name (one sync
+    less than a rename: the protocol's cost per epoch); its second record of the epoch (a
+    micro-batch run again by the same driver) replaces it atomically."""
+    import eosink._checkpoint as checkpoint
+
+    ckpt = CheckpointDir(None, str(tmp_path / "chk"))
+    j = Journal(ckpt, "s")
+    j.claim("l", 0)
+
+    def no_rename(*_: Any) -> None:
+        raise AssertionError("a new entry went through a rename")
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint.os, "replace", no_rename)
+        j.record(_entry(5, 1, b"first"))
+    assert j.entries()[5].committable == b"first"
+    j.record(_entry(5, 1, b"second"))
+    assert j.entries()[5].committable == b"second"
+    assert ckpt.list_names(f"{j.dir}/pending") == [f"{5:012d}.1.json"]
+
+
 def test_checkpoint_location_is_qualified_as_spark_does(spark: Any, tmp_path: Path) -> None:
     """A checkpoint path without a scheme is where Spark puts it: on the cluster's default
     file system (HDFS on YARN), not necessarily on the driver's disk; ``file:/x`` is ``/x``."""
