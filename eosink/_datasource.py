@@ -45,10 +45,11 @@ from ._journal import Journal
 from ._metastore import BATCH
 from ._paths import absolute, check_no_relative, path_options
 from ._protocol import SinkRuntime
-from ._rules import discard_failed_micro_batch, discard_refused_micro_batch
+from ._rules import discard_failed_micro_batch
 from ._setup import SinkSetup, open_runtime, prepare_sink
 from ._spark_version import register_data_source
 from ._staging import is_connect
+from ._stream import commit_written_micro_batch, discard_refused
 from ._tasks import TaskSink, run_writer
 from ._write import Written
 from .errors import ConfigError, EosinkError, SinkIdentityError
@@ -189,42 +190,6 @@ def _written(rt: SinkRuntime, messages: list[Any], schema: pa.Schema) -> Written
     return Written(results, sum(m.rows for m in msgs), 0.0, "python", schema)
 
 
-def _discard_refused(rt: SinkRuntime, epoch: int) -> None:
-    """Delete what the tasks staged for ``epoch`` in a refused micro-batch, where
-    :func:`~eosink._rules.discard_refused_micro_batch` says so (this front end's tasks write
-    before the decision)."""
-    if discard_refused_micro_batch(rt.status_of(epoch)):
-        rt.discard(epoch)
-
-
-def _commit_stream_epoch(
-    rt: SinkRuntime, epoch: int, messages: list[Any], schema: pa.Schema
-) -> None:
-    """A micro-batch's epoch, written by the data source's tasks, decided here (recovery
-    first: this front end commits inline), then phase 1 and 2; a replay's output is
-    discarded."""
-    try:
-        ep = rt.stream_epoch(epoch, inline=True)
-    except SinkIdentityError:
-        # Refused (another run took the epoch; the restart moves the query above it).
-        _discard_refused(rt, epoch)
-        raise
-    if ep.skipped:
-        log.info(
-            "sink %s epoch %d: replay of a committed epoch; output discarded",
-            rt.sink_id,
-            epoch,
-        )
-        ep.discard()
-        return
-    w = _written(rt, messages, schema)
-    ep.prepare(w.results, w.rows, w.seconds, writer=w.writer, schema=w.schema)
-    ep.commit()
-    # Files that span epochs: what is due by time (this front end has no stop hook: open
-    # files roll at a later micro-batch).
-    rt.roll(everything=False)
-
-
 def _arrow(schema: StructType) -> pa.Schema:
     from ._arrow_schema import spark_to_arrow
 
@@ -325,7 +290,7 @@ class _StreamWriter(_StreamBase):
                 # the tasks wrote: its start moved the base above epochs another run took
                 # meanwhile (rule 8), and the tasks staged this micro-batch under the old one.
                 _refuse_moved(rt, batchId, min(written), epoch)
-            _commit_stream_epoch(rt, epoch, messages, self.schema)
+            commit_written_micro_batch(rt, epoch, lambda: _written(rt, messages, self.schema))
         finally:
             _close(rt)
 
@@ -347,13 +312,13 @@ def _tasks_epochs(messages: list[Any]) -> set[int]:
 def _refuse_moved(rt: SinkRuntime, batch_id: int, written: int, epoch: int) -> None:
     """Refuse the commit of micro-batch ``batch_id``, which the tasks wrote as epoch
     ``written`` while the stream's base has since moved it to ``epoch``: delete what they
-    staged (:func:`_discard_refused`), and raise. The restart runs the micro-batch again
-    as ``epoch``.
+    staged (:func:`eosink._stream.discard_refused`), and raise. The restart runs the
+    micro-batch again as ``epoch``.
 
     Raises:
         SinkIdentityError: always.
     """
-    _discard_refused(rt, written)
+    discard_refused(rt, written)
     raise SinkIdentityError(
         f"sink {rt.sink_id!r}: another run wrote epoch(s) this query was to write while it "
         f"ran; micro-batch {batch_id}, written as epoch {written}, is discarded, and the "

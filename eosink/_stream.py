@@ -30,9 +30,10 @@ from ._journal import Journal
 from ._logs import default_logging
 from ._metastore import COMMITTED, PENDING, MetaStore
 from ._protocol import FIGURES_KEPT, AsyncCommitter, EpochFigures, SinkRuntime
+from ._rules import discard_refused_micro_batch
 from ._setup import SinkSetup, open_runtime
 from ._write import Written, spark_write
-from .errors import ConfigError
+from .errors import ConfigError, SinkIdentityError
 from .faults import fault_point
 from .sink import Rolling
 
@@ -47,6 +48,8 @@ __all__ = [
     "StreamBatches",
     "StreamSettings",
     "close_live",
+    "commit_written_micro_batch",
+    "discard_refused",
     "finish_stream",
     "open_stream_batches",
     "wait_committed",
@@ -286,6 +289,45 @@ class StreamBatches:
             ep.commit()
         else:
             committer.submit(ep.epoch, ep.committable, fig)
+
+
+def discard_refused(rt: SinkRuntime, epoch: int) -> None:
+    """Delete what the tasks staged for ``epoch`` in a refused micro-batch, where
+    :func:`~eosink._rules.discard_refused_micro_batch` says so (a micro-batch whose tasks
+    wrote before its decision: ``format("eosink")``'s)."""
+    if discard_refused_micro_batch(rt.status_of(epoch)):
+        rt.discard(epoch)
+
+
+def commit_written_micro_batch(rt: SinkRuntime, epoch: int, written: Callable[[], Written]) -> None:
+    """The lifecycle of a micro-batch that Spark's tasks wrote before its decision
+    (``format("eosink")``'s data source, at its commit): the decision (recovery first: this
+    front end commits inline), then phase 1 and 2 of what ``written()`` says the tasks
+    staged; a replay's output is discarded, a refused one's too.
+
+    Raises:
+        SinkIdentityError: another run took the epoch (the restart moves the query above
+            it).
+    """
+    try:
+        ep = rt.stream_epoch(epoch, inline=True)
+    except SinkIdentityError:
+        discard_refused(rt, epoch)
+        raise
+    if ep.skipped:
+        log.info(
+            "sink %s epoch %d: replay of a committed epoch; output discarded",
+            rt.sink_id,
+            epoch,
+        )
+        ep.discard()
+        return
+    w = written()
+    ep.prepare(w.results, w.rows, w.seconds, writer=w.writer, schema=w.schema)
+    ep.commit()
+    # Files that span epochs: what is due by time (this front end has no stop hook: open
+    # files roll at a later micro-batch).
+    rt.roll(everything=False)
 
 
 def open_stream_batches(
