@@ -31,9 +31,13 @@ def journal_entries_to_take(
     a retired sink (``eosink retire`` finds none PENDING), committed, and the target's record
     of them may be gone (a SQL sink's ``sql_epochs`` rows), so a commit would apply them
     again."""
-    floor = -1 if retired_high is None else retired_high
     return tuple(
-        e for e in sorted(entries) if floor < e <= upto and e not in have and entries[e] == lineage
+        e
+        for e in sorted(entries)
+        if (retired_high is None or e > retired_high)
+        and e <= upto
+        and e not in have
+        and entries[e] == lineage
     )
 
 
