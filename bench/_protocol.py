@@ -113,23 +113,16 @@ def postgres(admin_url: str | None, log: Callable[[str], None]) -> Iterator[str 
 
 
 def fsync_rename_ms(tmp: Path, n: int = 200) -> float:
-    """The median milliseconds of a durable atomic replace on this machine's disk (write a
-    temporary file, fsync it, rename it over the old one, fsync the directory): the unit the
-    protocol's cost is made of (DESIGN.md section 7 took ~0.25 ms)."""
-    from eosink.util import fsync_path
+    """The median milliseconds of a durable atomic replace on this machine's disk (eosink's
+    own: a temporary file fsync'd, renamed over the old one, the directory fsync'd): the unit
+    the protocol's cost is made of (DESIGN.md section 7 took ~0.25 ms)."""
+    from eosink._checkpoint import CheckpointDir
 
-    d = tmp / "fsync-probe"
-    d.mkdir(parents=True, exist_ok=True)
+    probe = CheckpointDir(None, str(tmp / "fsync-probe"))
     times = []
     for i in range(n):
         t0 = time.perf_counter()
-        part = d / f".probe.{i}.tmp"
-        with open(part, "wb") as fh:
-            fh.write(b'{"epoch": %d}' % i)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(part, d / "probe.json")
-        fsync_path(d)
+        probe.write_bytes("probe.json", b'{"epoch": %d}' % i)
         times.append((time.perf_counter() - t0) * 1000)
     return med(times)
 

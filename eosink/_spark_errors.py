@@ -278,8 +278,7 @@ def eosink_error_of_stream(exc: BaseException) -> EosinkError | None:
         text = text[:cut]
     if "Traceback (most recent call last)" not in text:
         return None
-    text = re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text)  # Spark Connect appends them
-    try:
-        return _eosink_error_in(text.rstrip())
+    try:  # (Spark Connect appends SQLSTATEs)
+        return _eosink_error_in(_without_sqlstate(text))
     except Exception:  # never make an error worse
         return None

@@ -11,7 +11,6 @@ Both give the same write results to ``pre_commit``; the protocol does not know w
 from __future__ import annotations
 
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import pyarrow as pa
 
 from . import _spark_version
 from ._arrow_schema import arrow_schema
-from ._spark_errors import _eosink_error_in, _note, _root_cause
+from ._spark_errors import _eosink_error_in, _note, _root_cause, _without_sqlstate
 from ._staging import is_connect
 from ._tasks import TaskSink, _task_fn
 from .errors import EosinkError, SinkError
@@ -253,7 +252,7 @@ def task_eosink_error(exc: BaseException, note: str = "") -> EosinkError | None:
     if "eosink." not in text:
         return None
     try:
-        err = _eosink_error_in(re.sub(r"(\s*SQLSTATE: \w+)+\s*$", "", text).rstrip())
+        err = _eosink_error_in(_without_sqlstate(text))
     except Exception:  # never make an error worse
         return None
     if err is not None and note:
