@@ -38,6 +38,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -333,24 +334,42 @@ def beside_target(coordinator: Any, journal_home: bool, sink_id: str) -> Journal
 def record_all(journals: list[Journal], entry: Entry) -> None:
     """Record ``entry`` in every journal, durably, before the epoch's PENDING row. A stream
     of a sink with a journal beside its target has two: their writes (each waits on a sync
-    to disk, or on an object store's answer) run side by side. Raises the first one's error
-    after both ended (an entry of an epoch that is never persisted is harmless: recovery
-    never finds it PENDING, and the next record of the epoch replaces it)."""
+    to disk, or on an object store's answer) run side by side, the second on a helper thread
+    that lives as long as the process (starting a thread per epoch cost more than a local
+    write). Raises the first one's error after both ended (an entry of an epoch that is never
+    persisted is harmless: recovery never finds it PENDING, and the next record of the epoch
+    replaces it)."""
     if len(journals) < 2:
         for journal in journals:
             journal.record(entry)
         return
-    errors: list[BaseException] = []
+    helper = _helpers().submit(journals[1].record, entry)
+    try:
+        journals[0].record(entry)
+    finally:
+        error = helper.exception()  # waits for it: both end before this returns or raises
+    if error is not None:
+        raise error
 
-    def record(journal: Journal) -> None:
-        try:
-            journal.record(entry)
-        except BaseException as exc:  # re-raised by the caller's thread
-            errors.append(exc)
 
-    helper = threading.Thread(target=record, args=(journals[1],), name="eosink-journal")
-    helper.start()
-    record(journals[0])
-    helper.join()
-    if errors:
-        raise errors[0]
+_helper_pool: ThreadPoolExecutor | None = None
+_helper_lock = threading.Lock()
+
+
+def _helpers() -> ThreadPoolExecutor:
+    """The process's journal helper threads (created at first use; a forked child makes its
+    own, since its parent's threads do not exist in it)."""
+    global _helper_pool
+    with _helper_lock:
+        if _helper_pool is None:
+            _helper_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="eosink-journal")
+        return _helper_pool
+
+
+def _forget_helpers_in_child() -> None:
+    global _helper_pool, _helper_lock
+    _helper_pool = None
+    _helper_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_helpers_in_child)
