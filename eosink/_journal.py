@@ -273,9 +273,24 @@ class Journal:
                 self.ckpt.delete(f"{self.dir}/pending/{name}")
 
     def mark_committed(self, epoch: int, origin: str) -> None:
-        """Record that batch epoch ``epoch`` (of ``origin``) is committed; drop its entry."""
+        """Record that epoch ``epoch`` (of ``origin``) is committed; drop its entry. Recorded:
+        batch epochs, and a stream's epochs that another run committed (rule 7): the stream
+        itself may not know (:meth:`committed_of`)."""
         self.ckpt.write_bytes(f"{self.dir}/committed/{epoch:012d}.{origin}", b"")
         self.forget(epoch)
+
+    def committed_of(self, lineage: str) -> set[int]:
+        """The epochs of the stream ``lineage`` that other runs committed (rule 7, from this
+        journal's entries). Its own journal in its checkpoint may lack them: a driver killed
+        while the two journals were written could leave the entry here only (the epoch was
+        never checkpointed then, and its batch is run again: it must be skipped as a replay,
+        on a driver that lost the meta store too)."""
+        names = self.ckpt.list_names(f"{self.dir}/committed")
+        return {
+            int(n.split(".")[0])
+            for n in names
+            if n.split(".")[0].isdigit() and n.endswith(f".{lineage}")
+        }
 
     def committed_origin(self, epoch: int) -> str | None:
         """The origin of committed batch epoch ``epoch`` (``batch``, ``batch-auto``), or None."""
@@ -313,11 +328,6 @@ class Journal:
         for rel in names:
             self.ckpt.delete(rel)
         return len(names)
-
-    def committed_high(self) -> int:
-        """The newest committed batch epoch recorded, or -1."""
-        names = self.ckpt.list_names(f"{self.dir}/committed")
-        return max((int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()), default=-1)
 
 
 def beside_target(coordinator: Any, journal_home: bool, sink_id: str) -> Journal | None:

@@ -18,9 +18,11 @@ when it is re-run (Spark's offsets log). A crash is a fault point raising in-pro
 driver is built from the meta store, the checkpoint and the target, as a restarted process is.
 
 The steps: micro-batches, the async commit, a clean stop, crashes at every core fault point
-(and between steps), batch runs (a new epoch, a re-run, a backfill below the newest epoch, an
-automatic epoch), fresh checkpoints with and without ``new_checkpoint="continue"``, a driver
-that moves to another machine (the meta store is lost; only the checkpoint and the target
+(and between steps, and within phase 1's writes: a crash that leaves one of the epoch's two
+journal entries, written side by side, or its PENDING row unwritten, :data:`TORN`), batch
+runs (a new epoch, a re-run, a backfill below the newest epoch, an automatic epoch), fresh
+checkpoints with and without ``new_checkpoint="continue"``, a driver that moves to another
+machine (the meta store is lost; only the checkpoint and the target
 survive), a second driver of the same query while the first still runs (a zombie that must be
 fenced), and garbage collection of committed rows (every second commit, two kept).
 
@@ -51,12 +53,15 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pyarrow as pa
 import pytest
@@ -72,6 +77,7 @@ from hypothesis.stateful import (
 )
 
 from eosink._checkpoint import CheckpointDir
+from eosink._journal import Journal
 from eosink._metastore import BATCH, MetaStore
 from eosink._protocol import SinkRuntime
 from eosink._setup import SinkSetup
@@ -98,10 +104,61 @@ POINTS = tuple(
     for p in DRIVER_FAULT_POINTS
     if p != "after_spark_write" and not p.startswith(("roll_", "kafka_"))
 )
+# Crashes between the fault points: phase 1's two journal entries are written side by side
+# (eosink._journal.record_all), then its PENDING row, so a crash may leave either entry
+# without the other, or both without the row. Each of these loses one of them (the nth time
+# it would be written): the stream's entry in its checkpoint, the entry beside the target,
+# the row.
+TORN = {
+    "lost_checkpoint_entry": "eosink/",
+    "lost_target_entry": "",
+    "lost_pending_row": None,
+}
 FAULTS = st.one_of(
-    st.none(), st.none(), st.tuples(st.sampled_from(POINTS), st.integers(min_value=1, max_value=2))
+    st.none(),
+    st.none(),
+    st.tuples(
+        st.sampled_from(POINTS + tuple(TORN)),
+        st.integers(min_value=1, max_value=2),
+    ),
 )
 """No fault (two times in three), or a point and the time it is reached that crashes."""
+
+
+@contextmanager
+def _torn(kind: str, nth: int) -> Iterator[None]:
+    """The ``nth`` write of what :data:`TORN` names ``kind`` raises :class:`SimulatedCrash`
+    instead of being written (the driver died before it reached the disk)."""
+    seen = [0]
+    lock = threading.Lock()
+
+    def due() -> bool:
+        with lock:
+            seen[0] += 1
+            return seen[0] == nth
+
+    prefix = TORN[kind]
+    if prefix is None:
+        real_persist = MetaStore.persist_pending
+
+        def persist(store: MetaStore, *args: Any, **kwargs: Any) -> None:
+            if due():
+                raise SimulatedCrash(kind)
+            real_persist(store, *args, **kwargs)
+
+        with mock.patch.object(MetaStore, "persist_pending", persist):
+            yield
+        return
+    real_record = Journal.record
+
+    def record(journal: Journal, entry: Any) -> None:
+        # The checkpoint's journal lives under "eosink/", the target's at its root.
+        if journal.dir.startswith("eosink/") == (prefix == "eosink/") and due():
+            raise SimulatedCrash(kind)
+        real_record(journal, entry)
+
+    with mock.patch.object(Journal, "record", record):
+        yield
 
 
 @dataclass
@@ -331,7 +388,7 @@ class ProtocolModel(RuleBasedStateMachine):
         if fault is None:
             fn()
             return True
-        with simulate(*fault):
+        with _torn(*fault) if fault[0] in TORN else simulate(*fault):
             try:
                 fn()
             except SimulatedCrash:
@@ -857,12 +914,15 @@ def test_protocol_model_on_postgres() -> None:
 # machine's rules).
 
 
-def _steps(*calls: tuple[str, dict[str, Any]]) -> None:
+def _steps(*calls: tuple[str, dict[str, Any]], crashes: int | None = None) -> None:
+    """Run the steps, checking after each; ``crashes``: how many of them must have crashed."""
     state = ProtocolModel()
     try:
         for name, kwargs in calls:
             getattr(state, name)(**kwargs)
             state.exactly_once_so_far()
+        if crashes is not None:
+            assert state.crashes == crashes, f"{state.crashes} steps crashed, not {crashes}"
         state._finish_everything()
     finally:
         state.teardown()
@@ -1262,3 +1322,67 @@ def test_found_a_format_restart_leaves_a_commit_cut_midway_half_visible() -> Non
         state._finish_everything()
     finally:
         state.teardown()
+
+
+# -- phase 1's writes side by side: each torn state, then what a user does next ---------------
+
+
+def _start(which: int = 0, inline: bool = False) -> tuple[str, dict[str, Any]]:
+    return (
+        "start_stream",
+        {"which": which, "inline": inline, "cont": True, "zombie": False, "fault": None},
+    )
+
+
+@pytest.mark.parametrize("torn", sorted(TORN))
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_micro_batch_crashed_with_one_of_its_phase_1_writes_lost(torn: str, inline: bool) -> None:
+    """Phase 1's journal entries and PENDING row are written side by side: a micro-batch
+    that died with one of them on disk and another not was never checkpointed, whichever is
+    lost. A driver that restarts on the same machine, then one on another, then a clean stop:
+    every micro-batch visible exactly once."""
+    _steps(
+        _start(inline=inline),
+        ("micro_batch", {"rows": 2, "fault": None}),
+        ("micro_batch", {"rows": 3, "fault": (torn, 1)}),
+        _start(inline=inline),
+        ("micro_batch", {"rows": 1, "fault": (torn, 1)}),
+        ("driver_moves", {}),
+        _start(inline=inline),
+        ("micro_batch", {"rows": 2, "fault": None}),
+        ("stop_stream", {"fault": None}),
+        crashes=2,
+    )
+
+
+def test_found_a_batch_run_commits_a_streams_epoch_known_beside_the_target_only() -> None:
+    """A micro-batch killed between its two journal writes: its entry beside the target is
+    on disk, its entry in the checkpoint is not (nor its PENDING row). A batch run takes the
+    entry and commits the epoch (rule 7); then the driver's machine dies. The stream,
+    restarted with a new meta store, ran the batch again as a new epoch (its journal did not
+    have the epoch, so the committed epoch looked like another run's): its rows were visible
+    twice. The target's journal now records which stream's epoch another run committed."""
+    _steps(
+        _start(),
+        ("micro_batch", {"rows": 2, "fault": None}),
+        ("micro_batch", {"rows": 3, "fault": ("lost_checkpoint_entry", 1)}),
+        ("batch_run", {"kind": "new", "rows": 2, "pick": 0, "fault": None}),
+        ("driver_moves", {}),
+        crashes=1,
+    )
+
+
+@pytest.mark.parametrize("torn", ["lost_target_entry", "lost_pending_row"])
+@pytest.mark.parametrize("kind", ["new", "auto"])
+def test_a_batch_run_crashed_with_one_of_its_phase_1_writes_lost(torn: str, kind: str) -> None:
+    """A batch run's entry beside the target and its PENDING row, one lost: its re-run (on the
+    same machine, then on another) writes the rows once, or is refused (a run without
+    epoch=) and its rows are then all there or none."""
+    _steps(
+        ("batch_run", {"kind": kind, "rows": 3, "pick": 0, "fault": (torn, 1)}),
+        ("batch_run", {"kind": "rerun", "rows": 0, "pick": 0, "fault": None}),
+        ("batch_run", {"kind": kind, "rows": 2, "pick": 0, "fault": (torn, 1)}),
+        ("driver_moves", {}),
+        ("batch_run", {"kind": "rerun", "rows": 0, "pick": 0, "fault": None}),
+        crashes=2,
+    )

@@ -217,8 +217,7 @@ class _Decisions(_Recovery):
                 # Committed, its row garbage-collected (or known from the target's marker):
                 # a replay of this stream's own epoch keeps its entry in the journal (the
                 # newest committed one stays); without it, the epoch is another run's.
-                entry = self.journal.entries().get(epoch)
-                journal_origin = entry.origin if entry is not None else None
+                journal_origin = self.own_journal_epochs().get(epoch)
         d = decide_stream_epoch(
             epoch,
             self.lineage,

@@ -339,7 +339,9 @@ class _Phases(_State):
         fault_point("after_mark_committed")
         target = self.target_journal()
         if target is not None:
-            if origin in BATCH_ORIGINS:
+            if origin in BATCH_ORIGINS or origin not in (None, self.lineage):
+                # A batch epoch, or another stream's (rule 7): that stream's journal may lack
+                # its entry, and a driver of it that lost the store asks here.
                 target.mark_committed(epoch, origin)
             else:
                 try:  # a leftover entry is re-committed idempotently, never lost

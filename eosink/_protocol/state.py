@@ -114,6 +114,19 @@ class _State:
             self._target = beside_target(self.coordinator, self.caps.journal_home, self.sink_id)
         return self._target
 
+    def own_journal_epochs(self) -> dict[int, str | None]:
+        """The stream's journal (epoch -> origin), and the epochs of this stream that other
+        runs committed from the target's journal (rule 7), which its own journal may lack: a
+        driver killed between the two journals' writes of an epoch left its entry beside
+        the target only. Both say which committed epochs are this stream's own."""
+        assert self.journal is not None
+        out: dict[int, str | None] = {}
+        target = self.target_journal()
+        if target is not None:
+            out.update(dict.fromkeys(target.committed_of(self.lineage), self.lineage))
+        out.update((e, ent.origin) for e, ent in self.journal.entries().items())
+        return out
+
     def import_target_journal(self) -> None:
         """Take from the target's journal (once) the PENDING epochs this meta store lacks: a
         crashed run's (a batch run, another streaming query) on another machine or store.

@@ -289,11 +289,7 @@ class _Streams(_Decisions):
             base,
             nxt,
             [_known(r) for r in self.store.epochs(self.sink_id)],
-            (
-                {e: ent.origin for e, ent in self.journal.entries().items()}
-                if self.journal is not None
-                else None
-            ),
+            self.own_journal_epochs() if self.journal is not None else None,
             self.adopted_last,
             sink.gc_floor if sink is not None else None,
             held=held,
