@@ -279,17 +279,19 @@ class Journal:
         self.ckpt.write_bytes(f"{self.dir}/committed/{epoch:012d}.{origin}", b"")
         self.forget(epoch)
 
-    def committed_of(self, lineage: str) -> set[int]:
-        """The epochs of the stream ``lineage`` that other runs committed (rule 7, from this
-        journal's entries). Its own journal in its checkpoint may lack them: a driver killed
-        while the two journals were written could leave the entry here only (the epoch was
-        never checkpointed then, and its batch is run again: it must be skipped as a replay,
-        on a driver that lost the meta store too)."""
+    def committed_of(self, origin: str) -> set[int]:
+        """The committed epochs recorded for ``origin``: a stream's lineage (its epochs that
+        other runs committed, rule 7, from this journal's entries), or
+        ``batch-auto-unreported`` (:meth:`unreported`). A stream's own journal in its
+        checkpoint may lack its epochs here: a driver killed while the two journals were
+        written could leave the entry here only (the epoch was never checkpointed then, and
+        its batch is run again: it must be skipped as a replay, on a driver that lost the
+        meta store too)."""
         names = self.ckpt.list_names(f"{self.dir}/committed")
         return {
             int(n.split(".")[0])
             for n in names
-            if n.split(".")[0].isdigit() and n.endswith(f".{lineage}")
+            if n.split(".")[0].isdigit() and n.endswith(f".{origin}")
         }
 
     def committed_origin(self, epoch: int) -> str | None:
@@ -302,8 +304,7 @@ class Journal:
     def unreported(self) -> list[int]:
         """Committed epochs of crashed runs without ``epoch=`` that no such run reported yet
         (committed by another run's recovery)."""
-        names = self.ckpt.list_names(f"{self.dir}/committed")
-        return sorted(int(n.split(".")[0]) for n in names if n.endswith(".batch-auto-unreported"))
+        return sorted(self.committed_of("batch-auto-unreported"))
 
     def mark_reported(self, epoch: int) -> None:
         """Committed epoch ``epoch`` of a run without ``epoch=`` is reported (the run returned,
