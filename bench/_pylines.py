@@ -72,40 +72,65 @@ charts, the Spark Connect client): one environment per version serves the benchm
 the tests alike."""
 
 
-def venv(pyspark: str, log: Callable[[str], None]) -> Path:
+def venv(pyspark: str, log: Callable[[str], None], suite: bool = False) -> Path:
     """The Python of an environment with ``pyspark==<pyspark>``, eosink from this checkout
     (editable, with :data:`EXTRAS`), every other package at the main environment's version;
     built once, then cached. Safe to call from several processes at once (a lock file per
-    version: pytest's workers)."""
+    version: pytest's workers).
+
+    ``suite``: an environment that runs the whole test suite (``python -m tests.matrix``):
+    every extra of eosink and the ``dev`` dependency group as well, each at the main
+    environment's version; cached apart from the benchmarks' (``venv-suite-pyspark...``)."""
     import fcntl
 
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".venv-pyspark{pyspark}.lock", "w") as lock:
+    kind = "venv-suite" if suite else "venv"
+    with open(root / f".{kind}-pyspark{pyspark}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _venv(pyspark, log)
+        return _venv(pyspark, log, suite)
 
 
-def _venv(pyspark: str, log: Callable[[str], None]) -> Path:
+def _suite_requirements() -> tuple[str, list[str]]:
+    """Every extra of eosink's pyproject.toml, and the ``dev`` group's requirements (this
+    checkout's path packages as editable installs), for :func:`venv`'s ``suite``."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = ",".join(sorted(project["project"]["optional-dependencies"]))
+    sources = project.get("tool", {}).get("uv", {}).get("sources", {})
+    reqs: list[str] = []
+    for req in project["dependency-groups"]["dev"]:
+        name = re.split(r"[\s<>=!~\[;]", req, maxsplit=1)[0]
+        path = sources.get(name, {}).get("path")
+        reqs += ["-e", str(ROOT / path)] if path else [req]
+    return extras, reqs
+
+
+def _venv(pyspark: str, log: Callable[[str], None], suite: bool = False) -> Path:
     uv = shutil.which("uv") or os.environ.get("UV")  # `uv run` names itself in UV
     if uv is None:
         raise RuntimeError(f"`uv` is not on the PATH (it builds the pyspark {pyspark} environment)")
     constraints = _constraints(pyspark)
     wanted = [f"pyspark=={pyspark}"]
+    extras, dev = _suite_requirements() if suite else (EXTRAS, [])
     spec = {
         "python": sys.version.split()[0],
         "wanted": wanted,
-        "extras": EXTRAS,
+        "extras": extras,
         "constraints": constraints,
         "pyproject": hashlib.sha1((ROOT / "pyproject.toml").read_bytes()).hexdigest(),
     }
+    if suite:
+        spec["dev"] = dev
+    kind = "venv-suite" if suite else "venv"
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    d = cache_root() / f"venv-pyspark{pyspark}-{key}"
+    d = cache_root() / f"{kind}-pyspark{pyspark}-{key}"
     py = d / "bin" / "python"
     if (d / ".complete").exists() and py.exists():
         return py
-    log(f"  building {d} ({', '.join(wanted)}, eosink[{EXTRAS}] from {ROOT})")
-    for old in cache_root().glob(f"venv-pyspark{pyspark}-*"):  # one per version
+    log(f"  building {d} ({', '.join(wanted)}, eosink[{extras}] from {ROOT})")
+    for old in cache_root().glob(f"{kind}-pyspark{pyspark}-*"):  # one per version
         shutil.rmtree(old, ignore_errors=True)
     t0 = time.perf_counter()
     d.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +139,7 @@ def _venv(pyspark: str, log: Callable[[str], None]) -> Path:
     base = getattr(sys, "_base_executable", None) or sys.executable
     subprocess.run([uv, "venv", "-q", "--python", base, str(d)], check=True)
     install = [uv, "pip", "install", "-q", "--python", str(py), "-c", str(pins)]
-    subprocess.run([*install, *wanted, "-e", f"{ROOT}[{EXTRAS}]"], check=True)
+    subprocess.run([*install, *wanted, "-e", f"{ROOT}[{extras}]", *dev], check=True)
     pins.unlink()
     (d / ".complete").write_text(json.dumps(spec, indent=1))
     log(f"  built in {time.perf_counter() - t0:.0f} s")
