@@ -23,10 +23,10 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
 def spark_to_arrow(schema: Any, timezone: str = "UTC") -> pa.Schema:
     """pyspark's ``to_arrow_schema`` of a ``StructType``, on every supported pyspark.
 
-    pyspark 4.1 added the ``timezone`` argument; 3.5 and 4.0 write timestamps as UTC.
+    pyspark 4.2 added the ``timezone`` argument; 3.5 to 4.1 write timestamps as UTC.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
     if _spark_version.ARROW_SCHEMA_TIMEZONE:
         return to_arrow_schema(schema, timezone=timezone)
-    return to_arrow_schema(schema)  # 3.5, 4.0: timestamps as UTC
+    return to_arrow_schema(schema)  # 3.5 to 4.1: timestamps as UTC

@@ -16,6 +16,7 @@ from typing import Any
 
 from ._staging import is_connect
 from .util import fsync_path as fsync_path
+from .util import write_file_atomic
 
 LINEAGE_FILE = "eosink-lineage.json"
 
@@ -250,14 +251,9 @@ class CheckpointDir:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+                fsync_path(path.parent)
             else:
-                tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.eosink-tmp")
-                with open(tmp, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            fsync_path(path.parent)
+                write_file_atomic(path, data, suffix=".eosink-tmp")
             return True
         p = self._jp(rel)
         try:

@@ -31,7 +31,6 @@ store lost).
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import logging
 import os
@@ -44,6 +43,7 @@ from typing import Any
 
 from ._checkpoint import CheckpointDir
 from .errors import FencedError
+from .util import sink_key
 
 log = logging.getLogger("eosink")
 
@@ -89,7 +89,7 @@ class Journal:
     ) -> None:
         self.ckpt = ckpt
         self.sink_id = sink_id
-        self.dir = f"{prefix}{hashlib.sha1(sink_id.encode()).hexdigest()[:16]}"
+        self.dir = f"{prefix}{sink_key(sink_id)}"
         self.generation = generation
         self._pruned = False  # record() deleted older generations' entries of its epoch
 

@@ -9,7 +9,7 @@ and every 4.x line. What differs, decided here by the running pyspark's version 
   :class:`~eosink.ConfigError` that names the version and the alternative
   (:func:`eosink.run`, the same sinks with the same guarantees).
 * A data source's stream writer gets Arrow batches from 4.1 on, Rows on 4.0; pyspark's
-  ``to_arrow_schema`` takes a time zone from 4.1 on (:data:`ARROW_STREAM_WRITERS`,
+  ``to_arrow_schema`` takes a time zone from 4.2 on (:data:`ARROW_STREAM_WRITERS`,
   :data:`ARROW_SCHEMA_TIMEZONE`).
 * Spark 4 looks up installed ``pyspark_*`` data source modules by itself; 3.5 does not.
 * Spark 4.0 refuses to register a data source name twice (``DATA_SOURCE_ALREADY_EXISTS``)
@@ -77,9 +77,10 @@ ARROW_STREAM_WRITERS = PYSPARK >= (4, 1)
 """Whether a Python data source's stream writer gets Arrow batches
 (``DataSourceStreamArrowWriter``, 4.1); 4.0 hands it Rows."""
 
-ARROW_SCHEMA_TIMEZONE = PYSPARK >= (4, 1)
-"""Whether pyspark's ``to_arrow_schema`` takes the session's time zone (4.1); before, it
-writes timestamps as UTC."""
+ARROW_SCHEMA_TIMEZONE = PYSPARK >= (4, 2)
+"""Whether pyspark's ``to_arrow_schema`` takes the session's time zone (4.2, SPARK-54903;
+not 4.1.x, where the release matrix found a ``TypeError``); before, it writes timestamps as
+UTC."""
 
 
 CONNECT_OBSERVATION = PYSPARK >= (4, 0)

@@ -144,7 +144,7 @@ class _Live:
     runtime: SinkRuntime
     committer: AsyncCommitter | None
     figures: list[EpochFigures]
-    roller: Roller | None = None
+    roller: RollTimer | None = None
     resumed: bool = False
     """Whether the held recovery ran (:meth:`SinkRuntime.resume_stream`, first micro-batch)."""
     write: Callable[[Any, Epoch], Written] = spark_write
@@ -160,7 +160,7 @@ class _Live:
             self.committer.close()
 
 
-class Roller:
+class RollTimer:
     """Publishes a rolling sink's open files that are due by time (rollover, inactivity)
     between micro-batches, in a daemon thread."""
 
@@ -173,9 +173,9 @@ class Roller:
         self._thread.start()
 
     @staticmethod
-    def start_for(runtime: SinkRuntime) -> Roller | None:
+    def start_for(runtime: SinkRuntime) -> RollTimer | None:
         """A roller when the sink's files span epochs (:class:`~eosink.sink.Rolling`)."""
-        return Roller(runtime) if runtime.caps.rolling else None
+        return RollTimer(runtime) if runtime.caps.rolling else None
 
     def _loop(self) -> None:
         coord = cast(Rolling, self.runtime.coordinator)
@@ -234,7 +234,7 @@ class StreamBatches:
             s.setup.sink_id,
             base,
         )
-        return _Live(rt, committer, self.figures, Roller.start_for(rt))
+        return _Live(rt, committer, self.figures, RollTimer.start_for(rt))
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         if self.live is None:
@@ -374,7 +374,7 @@ def open_stream_batches(
     fault_point("stream_before_start")  # before this process's threads start
     if not ckpt.connect:
         committer = None if inline else AsyncCommitter(runtime, lambda e: ckpt.has_commit(e - base))
-        batches.live = _Live(runtime, committer, batches.figures, Roller.start_for(runtime))
+        batches.live = _Live(runtime, committer, batches.figures, RollTimer.start_for(runtime))
     return batches, base, first
 
 

@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Mapping
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -30,7 +32,9 @@ __all__ = [
     "is_secret_name",
     "is_transient",
     "redact",
+    "session_conf",
     "sink_key",
+    "write_file_atomic",
 ]
 
 _SECRET_NAME = re.compile(
@@ -80,6 +84,45 @@ def fsync_path(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_file_atomic(
+    path: str | Path, data: bytes, *, fsync: bool = True, suffix: str = ".tmp"
+) -> None:
+    """Replace the local file ``path`` with ``data`` by rename: a reader sees the old file
+    or the new one, never a part of it. The bytes go to ``.<name>.<8 hex digits><suffix>``
+    beside it first (its directory is made if missing). With ``fsync`` the file is synced
+    before the rename and its directory after it: once this returns, the new content
+    survives a crash of the machine."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}{suffix}")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        if fsync:
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fsync_path(path.parent)
+
+
+@contextmanager
+def session_conf(spark: Any, conf: Mapping[str, str]) -> Iterator[None]:
+    """Set the SparkSession's ``conf`` for the block, and restore the values it had after
+    it (unset what was unset): for a native writer's Parquet settings around its write
+    (``with session_conf(df.sparkSession, {...}): df.write.parquet(...)``)."""
+    before = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, old in before.items():
+            if old is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, old)
 
 
 def sink_key(sink_id: str) -> str:

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from eosink import SchemaMismatchError
-from eosink.util import fsync_path
+from eosink.util import fsync_path, session_conf
 
 from .layout import changes_dir, epoch_dir, unescape, walk_files
 from .options import DeltaSinkOptions, filesystem
@@ -38,8 +37,6 @@ from .stats import file_stats
 from .writer import Setup, required_message
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from pyspark.sql import DataFrame
 
 __all__ = ["unsupported", "write_epoch"]
@@ -65,21 +62,6 @@ def unsupported(opts: DeltaSinkOptions, schema: pa.Schema) -> str | None:
     if opts.on_s3:
         return "the table is on s3:// (Spark would need Hadoop's S3A): Python writers stage it"
     return None
-
-
-@contextmanager
-def _session_conf(spark: Any, conf: dict[str, str]) -> Iterator[None]:
-    old = {k: spark.conf.get(k, None) for k in conf}
-    for k, v in conf.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
 
 
 def _columns(df: DataFrame, setup: Setup, opts: DeltaSinkOptions) -> list[Any] | None:
@@ -121,7 +103,7 @@ def write_epoch(
     if parts:
         writer = writer.partitionBy(*parts)
     t0 = time.perf_counter()
-    with _session_conf(df.sparkSession, _WRITE_CONF):
+    with session_conf(df.sparkSession, _WRITE_CONF):
         writer.parquet(f"{opts.path}/{rel}")
     files = describe(opts, setup, rel, parts, indexed=not upsert)
     log.info(

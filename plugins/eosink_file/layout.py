@@ -9,10 +9,8 @@ import decimal
 import hashlib
 import json
 import logging
-import os
 import re
 import sys
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +22,9 @@ from eosink import (
     SchemaMismatchError,
     SinkError,
 )
+from eosink.util import write_file_atomic
 
 from ._hadoop import HadoopStore, java_message, spark_session
-from ._rolling import fsync_path
 from ._s3 import S3Store
 from .options import FileSinkOptions, validate_columns
 
@@ -338,17 +336,7 @@ def json_default(v: Any) -> Any:
 
 def write_json_atomic(path: Path, data: dict[str, Any], fsync: bool) -> None:
     """Write ``data`` as JSON to ``path`` by rename: readers see the old or the new file."""
-    d = path.parent
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(json.dumps(data, sort_keys=True).encode())
-        fh.flush()
-        if fsync:
-            os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fsync_path(d)
+    write_file_atomic(path, json.dumps(data, sort_keys=True).encode(), fsync=fsync)
 
 
 def validate_schema(opts: FileSinkOptions, schema: pa.Schema) -> None:

@@ -43,10 +43,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eosink import SchemaMismatchError, SinkError
-from eosink.util import fsync_path
+from eosink.util import fsync_path, session_conf
 
 from . import _compat
-from .datafiles import native_dir_name, write_uuid
+from .datafiles import SPARK_WRITE_CONF, native_dir_name, write_uuid
 from .options import IcebergSinkOptions
 
 if TYPE_CHECKING:
@@ -130,8 +130,6 @@ def stage_with_spark(
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
-    from .native import _WRITE_CONF, _session_conf
-
     metadata = _compat.parse_table_metadata(setup["metadata"])
     path = changes_dir(metadata.location, sink_id, epoch, attempt)
     from pyspark.sql import functions as F
@@ -143,7 +141,7 @@ def stage_with_spark(
         "mapreduce.fileoutputcommitter.marksuccessfuljobs", "false"
     )
     t0 = time.perf_counter()
-    with _session_conf(df.sparkSession, _WRITE_CONF):
+    with session_conf(df.sparkSession, SPARK_WRITE_CONF):
         writer.parquet(path)
     filesystem, root, scheme = _compat.location_filesystem(setup["io"], path)
     infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))

@@ -24,6 +24,7 @@ import zlib
 from typing import Any
 
 __all__ = [
+    "SPARK_WRITE_CONF",
     "data_file_from_json",
     "data_file_to_json",
     "epoch_of_file",
@@ -33,6 +34,17 @@ __all__ = [
     "sink_key",
     "write_uuid",
 ]
+
+# The session confs of Spark's Parquet writes of data files (the native path, the staged
+# changes of upserts), set for the write and restored: Iceberg wants INT64 microsecond timestamps
+# (Spark's default is INT96), field ids, proleptic Gregorian dates as they are, and decimals
+# as INT32/INT64 up to precision 18 (pyiceberg's statistics code expects them so).
+SPARK_WRITE_CONF = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.fieldId.write.enabled": "true",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+    "spark.sql.parquet.writeLegacyFormat": "false",
+}
 
 _FILE_UUID = re.compile(
     r"-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})\.parquet$"

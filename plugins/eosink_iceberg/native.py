@@ -31,9 +31,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -41,10 +39,10 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 
 from eosink import SchemaMismatchError, SinkError
-from eosink.util import fsync_path
+from eosink.util import fsync_path, session_conf
 
 from . import _compat
-from .datafiles import data_file_to_json, native_dir_name
+from .datafiles import SPARK_WRITE_CONF, data_file_to_json, native_dir_name
 from .options import IcebergSinkOptions
 from .transforms import PartitionTerm, table_terms
 from .writer import required_message
@@ -58,15 +56,6 @@ __all__ = ["SchemaReason", "unsupported", "write_epoch"]
 log = logging.getLogger("eosink.iceberg")
 
 FIELD_ID = "parquet.field.id"
-# Session confs set for the write (and restored): Iceberg wants INT64 microsecond timestamps
-# (Spark's default is INT96), field ids, proleptic Gregorian dates as they are, and decimals
-# as INT32/INT64 up to precision 18 (pyiceberg's statistics code expects them so).
-_WRITE_CONF = {
-    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
-    "spark.sql.parquet.fieldId.write.enabled": "true",
-    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
-    "spark.sql.parquet.writeLegacyFormat": "false",
-}
 # Iceberg's write.parquet.compression-codec -> Spark's parquet compression.
 _CODECS = {
     "zstd": "zstd",
@@ -277,7 +266,7 @@ def write_epoch(
     if hidden:
         writer = writer.partitionBy(*hidden)
     t0 = time.perf_counter()
-    with _session_conf(spark, _WRITE_CONF):
+    with session_conf(spark, SPARK_WRITE_CONF):
         try:
             writer.parquet(path)
         except Exception as exc:
@@ -457,22 +446,6 @@ def _partition_expr(term: PartitionTerm, source: DataType) -> tuple[str, str]:
     if t == "day":
         return day, "int"
     return hour, "int"
-
-
-@contextmanager
-def _session_conf(spark: Any, conf: dict[str, str]) -> Iterator[None]:
-    """Set session confs for the block; restore the previous values (unset when unset)."""
-    before = {k: spark.conf.get(k, None) for k in conf}
-    for k, v in conf.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, old in before.items():
-            if old is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, old)
 
 
 # -- what was written -------------------------------------------------------------------------
