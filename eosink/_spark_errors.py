@@ -138,8 +138,15 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
 
 # Spark's error of a format it does not know (on 3.5 an UnknownException: no condition).
 _NO_EOSINK_SOURCE = re.compile(r"DATA_SOURCE_NOT_FOUND\]? Failed to find the data source: eosink\b")
-# The plan Spark shows in a failed stream's message, when its sink is format("eosink").
-_EOSINK_STREAM = re.compile(r"^WriteToMicroBatchDataSource(?:V1)? eosink\b", re.M)
+# The plan Spark shows in a failed stream's message, when its sink is format("eosink"):
+# "WriteToMicroBatchDataSource eosink, ..." from pyspark 4.2 on; 4.0 and 4.1 name a Python
+# data source's table by its class ("~WriteToMicroBatchDataSource ...python.PythonTable@1f2e,
+# <query id>, [sink=file, path=...], Append"), so there the options tell: eosink's have sink=.
+_EOSINK_STREAM = re.compile(
+    r"^~?WriteToMicroBatchDataSource(?:V1)? "
+    r"(?:eosink\b|\S*\.python\.PythonTable@\w+, [\w-]+, \[(?:[^\]]*, )?sink=)",
+    re.M,
+)
 
 
 def _without_sqlstate(text: str) -> str:

@@ -107,11 +107,18 @@ def require_python_data_sources() -> None:
 
 def condition(exc: object) -> str | None:
     """A pyspark exception's error condition (``getCondition`` on Spark 4, ``getErrorClass``
-    on 3.5); None for other exceptions."""
+    on 3.5); None for other exceptions.
+
+    A Python error raised in a task (a writer's, a UDF's) is ``PYTHON_EXCEPTION`` on every
+    line: pyspark 4.2 and later give its ``PythonException`` that condition, with the
+    traceback among its message parameters; 4.0 and 4.1 give it none (the release matrix's
+    first 4.1 run found ``format("eosink")``'s errors of a task raised as Spark's there)."""
     for name in ("getCondition", "getErrorClass"):
         get = getattr(exc, name, None)
         if get is not None:
             value = get()
+            if value is None and type(exc).__name__ == "PythonException":
+                return "PYTHON_EXCEPTION"
             return str(value) if value is not None else None
     return None
 
