@@ -11,9 +11,15 @@ from harness import sinks_registered
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 import eosink
-from eosink import ConfigError, MissingExtraError, SinkIdentityError, UnknownSinkError
+from eosink import (
+    ConfigError,
+    MissingExtraError,
+    SinkIdentityError,
+    UnknownSinkError,
+    _spark_version,
+)
 from eosink._datasource import _setup
-from eosink._spark_errors import _eosink_error_in
+from eosink._spark_errors import _EOSINK_STREAM, _eosink_error_in
 
 
 class _CapsOptions(BaseModel):
@@ -110,6 +116,42 @@ def test_the_eosink_error_at_the_end_of_a_worker_traceback() -> None:
         "",
     ):
         assert _eosink_error_in(other) is None
+
+
+def test_a_tasks_error_is_told_apart_on_every_spark_line() -> None:
+    """What Spark says of a Python error in a ``format("eosink")`` stream's task differs by
+    line: pyspark 4.2 on gives the ``PythonException`` the condition ``PYTHON_EXCEPTION`` and
+    names the sink in the failed stream's plan; 4.0 and 4.1 give it no condition and name a
+    Python data source's table by its class, with the write's options. (The release
+    matrix's first pyspark 4.1.4 run found both: the error came out as Spark's.) Pure: the
+    texts are those pyspark 4.3.0 and 4.1.4 print."""
+
+    class PythonException(Exception):  # pyspark 4.0/4.1's: no condition
+        def getCondition(self) -> None:
+            return None
+
+    class UnknownException(Exception):
+        def getCondition(self) -> None:
+            return None
+
+    assert _spark_version.condition(PythonException()) == "PYTHON_EXCEPTION"
+    assert _spark_version.condition(UnknownException()) is None
+    query = "15283e1d-7f20-4f50-8763-07f1da19f36e"
+    table = "org.apache.spark.sql.execution.datasources.v2.python.PythonTable@5a199761"
+    ours = [
+        f"WriteToMicroBatchDataSource eosink, {query}, Append",  # 4.2 and later
+        f"~WriteToMicroBatchDataSource {table}, {query}, [sink=file, path=/out], Append",
+        f"~WriteToMicroBatchDataSource {table}, {query}, [path=/out, sink=kafka], Append",
+    ]
+    for plan in ours:
+        assert _EOSINK_STREAM.search(f"terminated with exception: ...\n{plan}\n"), plan
+    theirs = [
+        f"~WriteToMicroBatchDataSource {table}, {query}, [path=/out], Append",
+        f"~WriteToMicroBatchDataSource {table}, {query}, [path=/out, upsink=x], Append",
+        f"WriteToMicroBatchDataSource parquet, {query}, Append",
+    ]
+    for plan in theirs:
+        assert not _EOSINK_STREAM.search(f"...\n{plan}\n"), plan
 
 
 def test_other_spark_errors_pass_unchanged(spark: Any) -> None:
