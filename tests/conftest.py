@@ -39,7 +39,7 @@ _BACKGROUND: list[subprocess.Popen[bytes]] = []
 SPARK4_MODULES = ["test_format_errors.py", "test_format_replay.py"]
 """Modules that import Spark 4's Python data source API (``pyspark.sql.datasource``) at
 their top: on pyspark 3.5 (the release matrix's line, tests/matrix.py) they are not
-collected. Single tests that need Spark 4 are marked ``spark4`` instead."""
+collected."""
 _HAS_DATASOURCES = importlib.util.find_spec("pyspark.sql.datasource") is not None
 collect_ignore = [] if _HAS_DATASOURCES else SPARK4_MODULES
 
@@ -69,9 +69,6 @@ def pytest_configure(config: pytest.Config) -> None:
     * build the class-data-sharing archive of Spark drivers in the background if it is not
       cached yet (``EOSINK_TEST_CDS``; crash-test drivers use it as soon as it exists).
     """
-    config.addinivalue_line(  # here, not in pyproject.toml: that file keys the line envs
-        "markers", 'spark4: needs Spark 4 (format("eosink")); left out on pyspark 3.5'
-    )
     if hasattr(config, "workerinput"):
         return
     _compile_sources()
@@ -103,13 +100,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Tests marked ``release`` run with ``EOSINK_TEST_RELEASE=1`` (the release check,
     docs/testing.md) or when selected by ``-m``; CI's run (the README's command) leaves them
     out: more kills of what CI already kills (random instants, moves, Spark Connect and the
-    cluster, the soak's smoke run) than its 45-minute budget holds. On pyspark 3.5 (the
-    release matrix's line, tests/matrix.py) the tests marked ``spark4`` are left out."""
-    if not _HAS_DATASOURCES:  # pyspark 3.5: the release matrix's line (tests/matrix.py)
-        spark4 = [it for it in items if it.get_closest_marker("spark4")]
-        if spark4:
-            config.hook.pytest_deselected(items=spark4)
-            items[:] = [it for it in items if it not in spark4]
+    cluster, the soak's smoke run) than its 45-minute budget holds."""
     if os.environ.get("EOSINK_TEST_RELEASE") == "1" or config.option.markexpr:
         return
     release = [it for it in items if it.get_closest_marker("release")]
