@@ -1,7 +1,7 @@
 """The Kafka section: Kafka -> Spark -> Kafka at a 1 s trigger, three sinks.
 
 The users' pipeline: Spark's Kafka source (``spark.readStream.format("kafka")``, the
-connector ``tests/jvm.py: SPARK_KAFKA`` from Maven Central, ``read_committed``) into
+connector ``tests/jvm.py: spark_kafka_coordinates()`` from Maven Central, ``read_committed``) into
 
 * ``spark``: Spark's built-in at-least-once sink, ``writeStream.format("kafka")``;
 * ``naive``: ``foreachBatch`` in which ``df.foreachPartition`` sends each partition's rows
@@ -477,11 +477,11 @@ def versions() -> dict[str, str]:
     import importlib.metadata as md
 
     import confluent_kafka
-    from jvm import KAFKA_VERSION, SPARK_KAFKA
+    from jvm import KAFKA_VERSION, spark_kafka_coordinates
 
     return {
         "broker": f"Apache Kafka {KAFKA_VERSION} (KRaft, one node)",
-        "connector": SPARK_KAFKA,
+        "connector": spark_kafka_coordinates(),
         "confluent-kafka": f"{md.version('confluent-kafka')} (librdkafka "
         f"{confluent_kafka.libversion()[0]})",
     }

