@@ -21,7 +21,8 @@ from typing import Any
 import eosink
 from eosink import JsonCodec, SinkPlugin
 
-from .coordinator import make_coordinator, validate_schema
+from .checks import validate_schema
+from .coordinator import make_coordinator
 from .options import IcebergSinkOptions
 from .writer import make_writer
 
