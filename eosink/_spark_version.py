@@ -26,7 +26,8 @@ and every 4.x line. What differs, decided here by the running pyspark's version 
   (:func:`condition`).
 * Spark Connect on 3.5 has no ``Observation`` (``df.observe``), which the native write path
   counts its rows with: over Connect on 3.5 every sink writes with the Python writers
-  (:data:`CONNECT_OBSERVATION`).
+  (:data:`CONNECT_OBSERVATION`); nor does its client get a failed stream's cause, so the
+  restart policy does not restart a stream there (:data:`CONNECT_FAILURE_CAUSE`).
 
 The other seams (the checkpoint's logs, the JVM gateway, error conversion) read the same on
 3.5 and 4.x so far; a difference found later is added here.
@@ -48,6 +49,7 @@ log = logging.getLogger("eosink")
 __all__ = [
     "ARROW_SCHEMA_TIMEZONE",
     "ARROW_STREAM_WRITERS",
+    "CONNECT_FAILURE_CAUSE",
     "CONNECT_OBSERVATION",
     "PYSPARK",
     "PYTHON_DATA_SOURCES",
@@ -88,6 +90,14 @@ CONNECT_OBSERVATION = PYSPARK >= (4, 0)
 """Whether a Spark Connect DataFrame has ``observe(Observation)`` (4.0; 3.5 raises
 ``NOT_IMPLEMENTED``): without it, Spark's own writers (the native path) are not used over
 Connect."""
+
+
+CONNECT_FAILURE_CAUSE = PYSPARK >= (4, 0)
+"""Whether a Spark Connect client's ``StreamingQueryException`` carries the failure's cause.
+On 3.5 it says ``terminated with exception: `` and nothing more (found by the release
+matrix's 3.5 row, a server worker SIGKILLed): the restart policy cannot tell a transient
+failure there, and the stream ends with the error; start it again (it resumes exactly
+once)."""
 
 
 def format_eosink_unsupported() -> ConfigError:

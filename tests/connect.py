@@ -70,6 +70,24 @@ def spark_home(python: Path | None = None) -> Path:
     return Path(out.stdout.strip()).resolve()
 
 
+CONNECT_35_JAR = "org.apache.spark:spark-connect_2.12:3.5.7"
+"""Spark 3.5's Connect server (pyspark 3.5 does not ship it): the newest 3.5 build the Maven
+Central mirror here serves (3.5.8 and 3.5.9 are refused); a 3.5 patch release runs another's
+Connect plugin."""
+
+
+def connect_jars(home: Path) -> list[Path]:
+    """The jars a Connect server of the pyspark in ``home`` needs beyond its own: Spark 3.5's
+    Connect plugin (:data:`CONNECT_35_JAR`, fetched once); none from 4.0 on, which ships it."""
+    if any((home / "jars").glob("spark-connect_*.jar")) or not any(
+        (home / "jars").glob("spark-core_2.12-3.5.*.jar")
+    ):
+        return []
+    from jvm import fetch
+
+    return [j for j in fetch([CONNECT_35_JAR]) if j.name.startswith("spark-connect_2.12")]
+
+
 def _die_with_parent() -> None:
     """``preexec_fn``: SIGKILL when the starting process dies (Linux ``PR_SET_PDEATHSIG``;
     kept across ``exec``, so the JVM that ``spark-submit`` execs has it)."""
@@ -135,8 +153,8 @@ class ConnectServer:
         port: the gRPC port (default: a free one); kept across restarts.
         python: the server's Python workers' interpreter, whose pyspark runs the server
             (default: this one); another Spark line's environment (bench/_pylines.py).
-        jars: more jars of the server (``--jars``): Spark 3.5 ships no Connect server, its
-            ``spark-connect_2.12`` jar is fetched from Maven Central.
+        jars: more jars of the server (``--jars``); by default :func:`connect_jars` (Spark
+            3.5 ships no Connect server: its ``spark-connect_2.12`` jar from Maven Central).
 
     ``url`` is the client's ``sc://127.0.0.1:<port>``. The server starts at construction
     (``start=False`` defers it) and is ready when the port is open and a client query ran.
@@ -155,7 +173,7 @@ class ConnectServer:
     ) -> None:
         self.python = str(python or sys.executable)
         self.home = spark_home(python)
-        self.jars = list(jars or [])
+        self.jars = list(jars) if jars is not None else connect_jars(self.home)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.conf = dict(conf or {})

@@ -46,6 +46,37 @@ def sinks_registered(name: str, *plugins: Any) -> Iterator[None]:
         pm.unregister(provider)
 
 
+def to_arrow(df: Any) -> pa.Table:
+    """``df.toArrow()``, which pyspark 4 added; on 3.5 the same collection
+    (``_collect_as_arrow``, what 4.x's ``toArrow`` is made of) with Spark's Arrow schema."""
+    if hasattr(df, "toArrow"):
+        return df.toArrow()
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    batches = df._collect_as_arrow()
+    if batches:  # their own schema: 3.5's to_arrow_schema differs in time zones
+        return pa.Table.from_batches(batches)
+    return to_arrow_schema(df.schema).empty_table()
+
+
+def micro_batches(query: Any) -> list[tuple[int, dict[str, dict[str, Any]]]]:
+    """Each micro-batch's ``(numInputRows, observed metrics as dicts)`` in a query's
+    ``recentProgress``: ``StreamingQueryProgress`` objects on pyspark 4, dicts on 3.5."""
+    out = []
+    for p in query.recentProgress:
+        if isinstance(p, dict):
+            rows, observed = p["numInputRows"], p.get("observedMetrics") or {}
+        else:
+            rows, observed = p.numInputRows, p.observedMetrics or {}
+        out.append(
+            (
+                int(rows),
+                {k: v if isinstance(v, dict) else v.asDict() for k, v in observed.items()},
+            )
+        )
+    return out
+
+
 def payload(i: int, pad: int = 0) -> str:
     """The payload column of input row ``i`` (``pad`` extra characters make rows bigger)."""
     text = f"payload-{i}"

@@ -149,6 +149,9 @@ def _format(
 
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    from eosink import _spark_version
+
+    _spark_version.require_python_data_sources()  # pyspark 3.5: eosink's refusal, said once
     from eosink._datasource import EosinkDataSource
 
     raw = {

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from harness import to_arrow
 
 import eosink
 
@@ -112,7 +113,7 @@ def test_native_round_trip_of_every_type(spark: Any, tmp_path: Path) -> None:
         spark.conf.unset(legacy)
     assert r.rows == 50 and r.figures is not None and r.figures.writer == "spark"
     table = _table(tmp_path)
-    expected = _by_id(df.toArrow().to_pylist())
+    expected = _by_id(to_arrow(df).to_pylist())
     got = _by_id(table.scan().to_arrow().to_pylist())
     assert got == expected
     assert str(table.schema().find_field("small").field_type) == "int"
@@ -183,7 +184,7 @@ def test_native_partition_transforms_exact(spark: Any, tmp_path: Path) -> None:
             partition_by=["hour(ts)", "truncate(6, name)", "d", "day(local_ts)"],
             writer="spark",
         )
-        expected = _by_id(df.toArrow().to_pylist())
+        expected = _by_id(to_arrow(df).to_pylist())
     finally:
         spark.conf.set("spark.sql.session.timeZone", before)
     for name in ("db.a", "db.b", "db.c"):

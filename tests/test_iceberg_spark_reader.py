@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from harness import to_arrow
 from test_iceberg_cdc import CDC, _apply, _changes
 from test_iceberg_native import _opts, _table
 
@@ -124,6 +125,6 @@ def test_spark_iceberg_runtime_reads_what_the_sink_wrote(spark: Any, tmp_path: P
         assert by_runtime == by_pyiceberg, name
     model = sorted(_as_strings(list(state.values())), key=_key)
     assert sorted(got[tables["db.changes"].metadata_location], key=_key) == model
-    expected = sorted(_as_strings(df.toArrow().to_pylist()), key=_key)
+    expected = sorted(_as_strings(to_arrow(df).to_pylist()), key=_key)
     for name in names[:3]:
         assert sorted(got[tables[name].metadata_location], key=_key) == expected, name

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Job, driver_killed_with_two_pending, make_input, read_ids, scrape, value
+from harness import (
+    Job,
+    driver_killed_with_two_pending,
+    make_input,
+    micro_batches,
+    read_ids,
+    scrape,
+    value,
+)
 
 import eosink
 
@@ -46,8 +54,8 @@ def test_a_streams_figures_on_the_drivers_endpoint(
     h.await_termination()
     assert read_ids(out) == expected
     # Spark's own progress of each micro-batch has its rows (observed metrics "eosink").
-    progress = [p for p in h.query.recentProgress if p.numInputRows]
-    assert [p.observedMetrics["eosink"]["rows"] for p in progress] == [40, 40, 40], progress
+    progress = [observed for rows, observed in micro_batches(h.query) if rows]
+    assert [int(p["eosink"]["rows"]) for p in progress] == [40, 40, 40], progress
     sid = f"file:{out.resolve()}"
     got = scrape(metrics_endpoint)
     me = {"sink_id": sid, "sink_kind": "file"}
@@ -91,8 +99,8 @@ def test_a_query_observing_its_own_eosink_metric_keeps_it(
         )
         h.await_termination()
     assert read_ids(out) == expected
-    [p] = [p for p in h.query.recentProgress if p.numInputRows]
-    assert p.observedMetrics["eosink"].asDict() == {"largest": 39}
+    [p] = [observed for rows, observed in micro_batches(h.query) if rows]
+    assert {k: int(v) for k, v in p["eosink"].items()} == {"largest": 39}
     assert "not added to Spark's progress" in caplog.text
 
 

@@ -152,12 +152,6 @@ def test_a_stream_upgraded_from_3_5_to_this_line(tmp_path: Path) -> None:
     _check(job, expected)
 
 
-CONNECT_35_JAR = "org.apache.spark:spark-connect_2.12:3.5.7"
-"""Spark 3.5's Connect server (pyspark 3.5 does not ship it): the newest 3.5 build the Maven
-Central mirror here serves (3.5.8 and 3.5.9 are refused); a 3.5 patch release runs another's
-Connect plugin."""
-
-
 def test_spark_connect_on_3_5(tmp_path: Path) -> None:
     """Spark Connect on 3.5 (a server of pyspark 3.5.9 with the ``spark-connect_2.12`` jar, a
     3.5.9 client): an ``eosink.run`` stream (its micro-batches in the server's ``foreachBatch``
@@ -165,12 +159,11 @@ def test_spark_connect_on_3_5(tmp_path: Path) -> None:
     writers (3.5's Connect has no ``Observation``, which the native path counts rows with);
     ``format("eosink")`` is refused with the version and the alternative."""
     from connect import ConnectJob, ConnectServer, run_client
-    from jvm import fetch
     from test_connect import check_output
 
     py = python_of("3.5.9")
-    jar = [j for j in fetch([CONNECT_35_JAR]) if j.name.startswith("spark-connect_2.12")]
-    with ConnectServer(tmp_path / "server", python=py, jars=jar) as server:
+    # the server's jars: 3.5's Connect plugin (connect.connect_jars)
+    with ConnectServer(tmp_path / "server", python=py) as server:
         jobs = {}
         for mode, front in (("stream", "run"), ("batch", "run"), ("batch", "format")):
             d = tmp_path / f"{mode}-{front}"
@@ -348,11 +341,14 @@ def test_connector_jars_of_another_line(
 
 def test_a_session_with_a_connector_of_another_scala_is_refused(tmp_path: Path) -> None:
     """``eosink.spark_session`` with ``spark.jars`` naming Spark 3.5's Scala 2.12 Kafka
-    connector, on this environment's Spark 4 (Scala 2.13): a ConfigError at start that names
-    the connector to use, not a missing class at the query's first batch."""
+    connector, on this environment's Spark 4 (Scala 2.13), or Spark 4.0's on 3.5 (the
+    release matrix's row): a ConfigError at start that names the connector to use, not a
+    missing class at the query's first batch."""
     import pyspark
 
-    jar = tmp_path / "spark-sql-kafka-0-10_2.12-3.5.9.jar"
+    on_3_5 = pyspark.__version__.startswith("3.")
+    scala, other = ("2.12", "2.13") if on_3_5 else ("2.13", "2.12")
+    jar = tmp_path / f"spark-sql-kafka-0-10_{other}-{'4.0.0' if on_3_5 else '3.5.9'}.jar"
     jar.write_bytes(b"")  # only its name is read
     script = textwrap.dedent(
         """
@@ -369,5 +365,5 @@ def test_a_session_with_a_connector_of_another_scala_is_refused(tmp_path: Path) 
     )
     assert "REFUSED" in done.stdout, done.stdout + done.stderr[-3000:]
     said = done.stdout.split("REFUSED", 1)[1]
-    assert f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}" in said, said
-    assert "Scala 2.12" in said and "Scala 2.13" in said, said
+    assert f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{pyspark.__version__}" in said, said
+    assert f"Scala {scala}" in said and f"Scala {other}" in said, said

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from harness import to_arrow
 
 import eosink
 from eosink.testing import SinkConformance
@@ -600,7 +601,7 @@ def test_binary_copy_where_every_column_fits_csv_elsewhere(
         coord = SqlCoordinator(opts, "probe")
         try:
             coord.init()
-            setup = coord.writer_setup(df.toArrow().schema)
+            setup = coord.writer_setup(to_arrow(df).schema)
         finally:
             coord.close()
         assert (setup["binary"] is not None) is binary, setup
