@@ -14,7 +14,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from eosink import fault_point
+from eosink import SinkError, fault_point
+from eosink.util import abandon_hint
 
 from . import _compat
 from .datafiles import epoch_of_file, native_write_dir, norm, sink_key
@@ -254,3 +255,36 @@ class EpochFiles(CoordinatorState):
                     if e is not None:
                         out.append((f"{scheme}{info.path}" if scheme else info.path, e))
         return out
+
+    def _check_present(self, table: Any, epoch: int, paths: list[str], kind: str) -> None:
+        """Refuse to commit an epoch whose files are gone: deleted while it was PENDING (an
+        orphan-file cleanup such as Iceberg's ``remove_orphan_files``, which takes files no
+        snapshot references for garbage, or a storage lifecycle rule). Committing would
+        make the table reference missing files (readers fail); its rows are lost either way.
+
+        Raises:
+            SinkError: (permanent) naming the missing files and ``eosink abandon``.
+        """
+        if not paths:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        def gone(path: str) -> bool:
+            try:
+                return not table.io.new_input(path).exists()
+            except FileNotFoundError:
+                return True
+
+        with ThreadPoolExecutor(min(8, len(paths))) as pool:
+            missing = [p for p, g in zip(paths, pool.map(gone, paths), strict=True) if g]
+        if not missing:
+            return
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        shown = ", ".join(missing[:3]) + more
+        raise SinkError(
+            f"iceberg sink {self.sink_id}: epoch {epoch} cannot be committed: {len(missing)} of "
+            f"its {len(paths)} {kind} files are gone ({shown}). They were deleted while the epoch "
+            "was PENDING, by an orphan-file cleanup (remove_orphan_files takes files no "
+            "snapshot references yet) or a storage lifecycle rule; committing them would "
+            "leave the table referencing missing files. " + abandon_hint(self.sink_id, epoch)
+        )

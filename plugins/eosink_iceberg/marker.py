@@ -117,3 +117,40 @@ class MarkerProperty(CoordinatorState):
                 if table is None:
                     raise SinkError(f"Iceberg table {self.opts.table!r} disappeared") from None
         self._pending_marker = None
+
+    def _last_epoch(self, table: Any) -> int:
+        return int(table.properties.get(self.prop, "-1"))
+
+    def _committed(self, table: Any, epoch: int) -> bool:
+        """Whether exactly ``epoch`` of this sink is committed in ``table``.
+
+        Epochs may be committed out of order (a backfill of an older epoch), so the newest
+        committed epoch alone only answers for itself and for newer epochs.
+        """
+        last = self._last_epoch(table)
+        if epoch == last:
+            return True
+        if epoch > last:
+            return False
+        if in_ranges(parse_ranges(table.properties.get(self.epochs_prop)), epoch):
+            return True
+        for snap in _compat.snapshot_ancestors(table):
+            extra = snap.summary.additional_properties if snap.summary else {}
+            if extra.get("eosink.sink-id") == self.sink_id and extra.get("eosink.epoch") == str(
+                epoch
+            ):
+                return True
+        return False
+
+    def _epoch_props(self, table: Any, epoch: int) -> dict[str, str]:
+        """The table properties an epoch's commit sets (newest epoch, committed ranges, a
+        marker waiting for the table)."""
+        props = {
+            self.prop: str(max(self._last_epoch(table), epoch)),
+            self.epochs_prop: add_to_ranges(
+                parse_ranges(table.properties.get(self.epochs_prop)), epoch
+            ),
+        }
+        if self._pending_marker is not None:
+            props[self.marker_prop] = self._pending_marker
+        return props

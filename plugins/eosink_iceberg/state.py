@@ -19,6 +19,7 @@ class CoordinatorState:
     epochs_prop: str  # every committed epoch, as ranges
     marker_prop: str
     catalog: Any
+    commits: int  # commits this coordinator made
     # A marker written before the table exists (stored with the table's first commit).
     _pending_marker: str | None
     # The table metadata the last writer_setup gave the writers (after evolution).
