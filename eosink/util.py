@@ -13,6 +13,7 @@ behaves the same way (secrets never printed, durable local files, stable short n
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import uuid
@@ -31,6 +32,8 @@ __all__ = [
     "fsync_path",
     "is_secret_name",
     "is_transient",
+    "marker_from_property",
+    "marker_property",
     "redact",
     "session_conf",
     "sink_key",
@@ -129,6 +132,39 @@ def sink_key(sink_id: str) -> str:
     """16 hex digits naming the sink (the first 64 bits of the SHA-1 of ``sink_id``):
     stable across versions, so names built from it are found again by later runs."""
     return hashlib.sha1(sink_id.encode()).hexdigest()[:16]
+
+
+def marker_property(marker: Mapping[str, Any]) -> str:
+    """A :class:`~eosink.TargetMarker` marker as the text a plugin stores in its target (a
+    table property): compact, sorted JSON, without ``last_epoch``, which the target keeps in
+    a record of its own that each commit raises."""
+    return json.dumps(
+        {k: v for k, v in marker.items() if k != "last_epoch"},
+        separators=(",", ":"),
+        sort_keys=True,
+    )
+
+
+def marker_from_property(raw: str | None, last_epoch: int, where: str) -> dict[str, Any]:
+    """The marker :func:`marker_property` stored (``raw``; None: none stored), with the
+    target's ``last_epoch``.
+
+    Raises:
+        SinkError: ``raw`` is not a JSON object; the message starts with ``where`` (which
+            table, which property).
+    """
+    marker: dict[str, Any] = {}
+    if raw is not None:
+        try:
+            marker = dict(json.loads(raw))
+        except (ValueError, TypeError):
+            from .errors import SinkError
+
+            raise SinkError(
+                f"{where} is not an eosink marker (not a JSON object): {raw[:200]!r}"
+            ) from None
+    marker["last_epoch"] = last_epoch
+    return marker
 
 
 def abandon_hint(sink_id: str | None = None, epoch: int | None = None) -> str:

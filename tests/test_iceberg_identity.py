@@ -414,6 +414,15 @@ def test_marker_round_trip_and_last_epoch(tmp_path: Path) -> None:
     other.write_marker({**marker, "sink_id": "other"})
     assert other.read_marker() == {**marker, "sink_id": "other", "last_epoch": -1}
     assert _coordinator(tmp_path, sink_id="marked").read_marker() == {**moved, "last_epoch": 7}
+    # A property that is not an eosink marker (edited by hand) is refused, naming it.
+    with _table(tmp_path).transaction() as tx:
+        tx.set_properties({coord.marker_prop: "not json"})
+    with pytest.raises(eosink.SinkError) as err:
+        _coordinator(tmp_path, sink_id="marked").read_marker()
+    assert str(err.value) == (
+        f"Iceberg table 'db.events': table property {coord.marker_prop!r} is not an eosink "
+        "marker (not a JSON object): 'not json' (see docs/errors.md#sinkerror)"
+    )
 
 
 def test_same_table_name_in_another_catalog_is_another_target(spark: Any, tmp_path: Path) -> None:

@@ -36,7 +36,7 @@ from eosink import (
     TargetMarker,
     fault_point,
 )
-from eosink.util import abandon_hint, sink_key
+from eosink.util import abandon_hint, marker_from_property, marker_property, sink_key
 
 from . import changes, commit, epochs, layout, table
 from .cleanup import Staging
@@ -108,24 +108,12 @@ class DeltaCoordinator(
         last = epochs.last_epoch(self.ids, t.transaction_version)
         if raw is None and last < 0:
             return None
-        marker: dict[str, Any] = {}
-        if raw is not None:
-            try:
-                marker = dict(json.loads(raw))
-            except (ValueError, TypeError):
-                raise SinkError(
-                    f"Delta table {self.opts.path}: table property {self.marker_prop!r} is not "
-                    f"an eosink marker (not a JSON object): {raw[:200]!r}"
-                ) from None
-        marker["last_epoch"] = last
-        return marker
+        return marker_from_property(
+            raw, last, f"Delta table {self.opts.path}: table property {self.marker_prop!r}"
+        )
 
     def write_marker(self, marker: dict[str, Any]) -> None:
-        raw = json.dumps(
-            {k: v for k, v in marker.items() if k != "last_epoch"},
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        raw = marker_property(marker)
         t = self._table()
         if t is None:
             self._pending_marker = raw  # stored with the table's creation (writer_setup)

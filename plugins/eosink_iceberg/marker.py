@@ -8,11 +8,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
 from eosink import SinkError
+from eosink.util import marker_from_property, marker_property
 
 from . import _compat
 from .state import CoordinatorState
@@ -66,24 +66,14 @@ class MarkerProperty(CoordinatorState):
         last = table.properties.get(self.prop)
         if raw is None and last is None:
             return None
-        marker: dict[str, Any] = {}
-        if raw is not None:
-            try:
-                marker = dict(json.loads(raw))
-            except (ValueError, TypeError):
-                raise SinkError(
-                    f"Iceberg table {self.opts.table!r}: table property {self.marker_prop!r} "
-                    f"is not an eosink marker (not a JSON object): {raw[:200]!r}"
-                ) from None
-        marker["last_epoch"] = int(last) if last is not None else -1
-        return marker
+        return marker_from_property(
+            raw,
+            int(last) if last is not None else -1,
+            f"Iceberg table {self.opts.table!r}: table property {self.marker_prop!r}",
+        )
 
     def write_marker(self, marker: dict[str, Any]) -> None:
-        raw = json.dumps(
-            {k: v for k, v in marker.items() if k != "last_epoch"},
-            separators=(",", ":"),
-            sort_keys=True,
-        )
+        raw = marker_property(marker)
         table = self._table()
         if table is None:
             self._pending_marker = raw
