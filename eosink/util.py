@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from ._transient import ErrorVerdict, classify_error, is_transient
+from .errors import SinkError
 
 __all__ = [
     "ErrorVerdict",
@@ -158,8 +159,6 @@ def marker_from_property(raw: str | None, last_epoch: int, where: str) -> dict[s
         try:
             marker = dict(json.loads(raw))
         except (ValueError, TypeError):
-            from .errors import SinkError
-
             raise SinkError(
                 f"{where} is not an eosink marker (not a JSON object): {raw[:200]!r}"
             ) from None

@@ -346,7 +346,9 @@ def test_a_session_with_a_connector_of_another_scala_is_refused(tmp_path: Path) 
     missing class at the query's first batch."""
     import pyspark
 
-    on_3_5 = pyspark.__version__.startswith("3.")
+    from eosink import _spark_version
+
+    on_3_5 = _spark_version.PYSPARK < (4, 0)
     scala, other = ("2.12", "2.13") if on_3_5 else ("2.13", "2.12")
     jar = tmp_path / f"spark-sql-kafka-0-10_{other}-{'4.0.0' if on_3_5 else '3.5.9'}.jar"
     jar.write_bytes(b"")  # only its name is read
