@@ -8,7 +8,9 @@ rows into the target and records the epoch in one database transaction
 party would.
 
 The package: :mod:`~eosink_sql.options`, :mod:`~eosink_sql.db` (names, types, eosink's
-tables), :mod:`~eosink_sql.writer`, :mod:`~eosink_sql.coordinator`.
+tables), :mod:`~eosink_sql.writer`, :mod:`~eosink_sql.coordinator` (the phases) and its parts
+(:mod:`~eosink_sql.target`, :mod:`~eosink_sql.statements`, :mod:`~eosink_sql.holds`,
+:mod:`~eosink_sql.marker`), :mod:`~eosink_sql.status`.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import Any
 import eosink
 from eosink import JsonCodec, SinkPlugin
 
-from .coordinator import SqlCoordinator, describe_open, make_coordinator, validate_schema
+from .coordinator import SqlCoordinator, make_coordinator
 from .options import SqlSinkOptions
+from .status import describe_open
+from .target import validate_schema
 from .writer import SqlWriter, make_writer
 
 __all__ = ["SINK", "SqlCoordinator", "SqlSinkOptions", "SqlWriter", "eosink_sinks"]
