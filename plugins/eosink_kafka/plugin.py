@@ -5,7 +5,11 @@ The sink is a package:
 * ``options.py``: the options model, the producers' settings, secrets kept out of messages;
 * ``staging.py``: the Python writer, staged Parquet files, chunks and their records;
 * ``transactions.py``: the pool of transactional producers and the control topic's markers;
-* ``coordinator.py``: staging on the native path, chunk planning, commit, abort, recovery.
+* ``coordinator.py``: chunk planning, commit, abort, recovery; made of ``checks.py`` (the
+  columns, and an epoch's records before it is persisted), ``native.py`` (Spark's writer
+  staging an epoch), ``pool.py`` (the pool of transactional ids), ``marker.py`` (the markers
+  in the control topic);
+* ``status.py``: what a PENDING epoch leaves open, for ``eosink status``.
 
 Nothing here imports confluent-kafka: without it the sink is still listed (``eosink plugins``),
 and executors never need it (they only stage).
@@ -18,9 +22,11 @@ from typing import Any
 import eosink
 from eosink import JsonCodec, SinkPlugin, WriterContext
 
-from .coordinator import describe_open, make_coordinator, validate_schema
+from .checks import validate_schema
+from .coordinator import make_coordinator
 from .options import KafkaSinkOptions
 from .staging import KafkaWriter
+from .status import describe_open
 
 __all__ = ["SINK", "eosink_sinks"]
 
