@@ -196,7 +196,7 @@ def test_bad_secret_setting_is_named_without_its_value() -> None:
             "producer_config": {"sasl.password": secret, "security.protocol": "bogus"},
         }
     )
-    from eosink_kafka.transactions import check_producer_config
+    from eosink_kafka.admin import check_producer_config
 
     with pytest.raises(ConfigError, match=r"security.protocol='bogus'") as err:
         check_producer_config(opts)

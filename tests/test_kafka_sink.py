@@ -330,8 +330,8 @@ def test_marker_read_is_not_cut_short_by_another_open_transaction(kafka: Any) ->
     import time
 
     from confluent_kafka import Producer
+    from eosink_kafka.control import read_markers
     from eosink_kafka.options import KafkaSinkOptions
-    from eosink_kafka.transactions import read_markers
 
     ctl = f"ctl-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(ctl, **{"cleanup.policy": "compact"})
@@ -467,8 +467,8 @@ def test_marker_read_during_an_outage_is_transient(tmp_path: Path) -> None:
     that failed the run (met in CI: a commit's retry re-read the markers mid-restart)."""
     import socket
 
+    from eosink_kafka.control import read_markers
     from eosink_kafka.options import KafkaSinkOptions
-    from eosink_kafka.transactions import read_markers
 
     with socket.socket() as s:  # a free port, closed again: connections are refused
         s.bind(("127.0.0.1", 0))

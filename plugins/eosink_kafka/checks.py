@@ -14,7 +14,7 @@ import pyarrow as pa
 from eosink import SinkError
 
 from .options import KafkaSinkOptions, check_columns, topic_name_problem
-from .staging import largest_record, merge_targets, targets_of
+from .records import largest_record, merge_targets, targets_of
 from .state import CoordinatorState
 
 __all__ = ["BATCH_OVERHEAD_BYTES", "PRODUCER_MESSAGE_MAX_BYTES", "TargetChecks", "validate_schema"]

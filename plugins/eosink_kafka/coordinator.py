@@ -40,7 +40,8 @@ from .marker import Markers
 from .native import SparkStaging
 from .options import KafkaSinkOptions, sink_key
 from .pool import per_slot
-from .staging import Stage, chunks_of, read_chunk, stage_of
+from .records import chunks_of, read_chunk
+from .stage import Stage, stage_of
 
 __all__ = ["KafkaCoordinator", "make_coordinator"]
 
@@ -59,7 +60,7 @@ class KafkaCoordinator(
     """Publishes staged chunks through a fixed pool of transactional ids (see the module)."""
 
     def __init__(self, opts: KafkaSinkOptions, sink_id: str) -> None:
-        from .transactions import Admin, check_producer_config
+        from .admin import Admin, check_producer_config
 
         check_producer_config(opts)  # first: a bad setting would fail every commit
         self.opts = opts
@@ -131,7 +132,7 @@ class KafkaCoordinator(
         if not slots:
             stage.delete_epoch(self.key, epoch, None)
             return
-        from .transactions import covered
+        from .control import covered
 
         self._ready(slots)
 

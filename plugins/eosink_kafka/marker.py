@@ -15,7 +15,7 @@ class Markers(SlotPool):
     """The coordinator's part that reads and writes the markers."""
 
     def _last_epoch(self) -> int:
-        from .transactions import marker_top
+        from .control import marker_top
 
         last = int((self.sink_marker or {}).get("last_epoch", -1))
         for slot in self.slots.values():
@@ -40,7 +40,7 @@ class Markers(SlotPool):
     def retire_records(self, dry_run: bool) -> list[str]:
         """``eosink retire``: tombstones for the markers of the sink's transactional ids in
         the control topic (the sink's own marker, the retirement's, stays)."""
-        from .transactions import read_markers
+        from .control import read_markers
 
         prefix = f"{self.key}/"
         numbers = sorted(

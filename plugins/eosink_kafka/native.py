@@ -13,9 +13,11 @@ from typing import Any
 import pyarrow as pa
 
 from eosink import SinkError
+from eosink.util import fsync_path
 
 from .checks import TargetChecks
-from .staging import LocalStage, S3Stage, fsync_path, largest_record, staged_file_info
+from .records import largest_record
+from .stage import LocalStage, S3Stage, staged_file_info
 
 __all__ = ["SparkStaging"]
 

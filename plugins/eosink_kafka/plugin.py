@@ -3,8 +3,12 @@
 The sink is a package:
 
 * ``options.py``: the options model, the producers' settings, secrets kept out of messages;
-* ``staging.py``: the Python writer, staged Parquet files, chunks and their records;
-* ``transactions.py``: the pool of transactional producers and the control topic's markers;
+* ``stage.py``: the staging location (local or S3); ``writer.py``: the Python writer;
+  ``records.py``: staged records' topics and sizes, chunks, a chunk's records read back;
+* ``transactions.py``: a transactional producer of the pool (a chunk and its marker in one
+  transaction); ``control.py``: the control topic's markers read back; ``admin.py``: the
+  producers' settings, the topics and the control topic checked; ``_librdkafka.py``:
+  confluent-kafka's errors and log lines;
 * ``coordinator.py``: chunk planning, commit, abort, recovery; made of ``checks.py`` (the
   columns, and an epoch's records before it is persisted), ``native.py`` (Spark's writer
   staging an epoch), ``pool.py`` (the pool of transactional ids), ``marker.py`` (the markers
@@ -25,8 +29,8 @@ from eosink import JsonCodec, SinkPlugin, WriterContext
 from .checks import validate_schema
 from .coordinator import make_coordinator
 from .options import KafkaSinkOptions
-from .staging import KafkaWriter
 from .status import describe_open
+from .writer import KafkaWriter
 
 __all__ = ["SINK", "eosink_sinks"]
 

@@ -50,7 +50,7 @@ class SlotPool(CoordinatorState):
         larger pool of an earlier run) are initialised too: their open transactions would
         hold the control topic's last stable offset back until they time out.
         """
-        from .transactions import read_markers
+        from .control import read_markers
 
         want = set(numbers)
         todo = {n for n in want if not self._slot(n).ready}

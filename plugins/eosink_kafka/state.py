@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .options import KafkaSinkOptions
-from .staging import Stage
+from .stage import Stage
 
 __all__ = ["CoordinatorState"]
 

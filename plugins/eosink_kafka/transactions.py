@@ -1,4 +1,5 @@
-"""The fixed pool of transactional producers and the markers in the control topic.
+"""A transactional producer of the fixed pool (:class:`Slot`): a chunk and its marker in one
+transaction.
 
 Every transactional id ``eosink-<sink key>-<slot>`` of the pool has a marker in the compacted
 control topic, key ``<sink key>/<slot>``: the epoch and chunk its last transaction published,
@@ -6,7 +7,8 @@ written *in the same transaction* as the chunk's records. So a chunk's records a
 (to ``read_committed`` consumers) if and only if the marker says so, and a commit that is
 replayed after a crash skips what the marker covers. ``init_transactions`` comes first: it
 fences any other producer of the id (a zombie driver) and aborts its open transaction, so
-the marker read after it is final.
+the marker read after it is final (:mod:`~eosink_kafka.control` reads the markers;
+:mod:`~eosink_kafka.admin` checks the cluster and the producers' settings).
 
 This module imports confluent-kafka; nothing on the executors imports it.
 """
@@ -15,17 +17,10 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AdminClient,
-    ConfigResource,
-    NewTopic,
-)
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from eosink import (
     CommitStateUnknownError,
@@ -34,29 +29,14 @@ from eosink import (
     SinkError,
     fault_point,
 )
-from eosink.util import is_secret_name
 
+from ._librdkafka import kafka_error, kafka_exception, rdlog
+from .control import RECENT, marker_top
 from .options import KafkaSinkOptions, redact
 
-__all__ = ["Admin", "Slot", "check_producer_config", "covered", "read_markers"]
+__all__ = ["Slot"]
 
 log = logging.getLogger("eosink.kafka")
-rdlog = logging.getLogger("eosink.kafka.librdkafka")
-"""librdkafka's own log lines (otherwise printed on stderr)."""
-
-
-class _Retries(logging.Filter):
-    """librdkafka's "...: retrying" warnings (a coordinator still loading, a concurrent
-    transaction being aborted) are routine: shown at DEBUG only."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return rdlog.isEnabledFor(logging.DEBUG) or "retrying" not in record.getMessage()
-
-
-rdlog.addFilter(_Retries())
-
-RECENT = 64
-"""How many fully published epochs a slot's marker remembers (replays of older ones)."""
 
 _FENCED = {
     KafkaError._FENCED,
@@ -64,314 +44,6 @@ _FENCED = {
     KafkaError.INVALID_PRODUCER_EPOCH,
     KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
 }
-
-
-def marker_top(marker: dict[str, Any] | None) -> int:
-    """The newest epoch a slot's marker says the slot published (-1: none); markers written
-    before ``top`` was recorded give their current epoch."""
-    if not marker:
-        return -1
-    return int(marker.get("top", marker.get("epoch", -1)))
-
-
-def covered(marker: dict[str, Any] | None, epoch: int, chunk: int) -> bool:
-    """Whether a slot's marker says chunk ``chunk`` of ``epoch`` is published."""
-    if not marker:
-        return False
-    if epoch in marker.get("recent", ()):
-        return True
-    return int(marker.get("epoch", -1)) == epoch and int(marker.get("chunk", -1)) >= chunk
-
-
-def _err(exc: BaseException) -> KafkaError | None:
-    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
-        return exc.args[0]
-    return None
-
-
-def _kafka_exception(exc: BaseException) -> KafkaException | None:
-    """The ``KafkaException`` that ``exc`` is or was raised from, if any.
-
-    When a producer turns fatal (e.g. fenced) inside ``flush``, confluent-kafka sets the
-    ``KafkaException`` and then still calls the delivery callback of every purged record:
-    Python reports that as ``SystemError: ... returned a result with an exception set``,
-    raised from the ``KafkaException``. The Kafka error is the one that counts.
-    """
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            break
-        if isinstance(seen, KafkaException):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _config_refused(conf: dict[str, Any]) -> str | None:
-    """librdkafka's reason to refuse ``conf`` (it validates a configuration when a client is
-    constructed, without contacting any broker), or None."""
-    try:
-        producer = Producer(conf, logger=rdlog)
-    except (KafkaException, TypeError, ValueError) as exc:
-        err = _err(exc)
-        return err.str() if err is not None else str(exc)
-    producer.close()
-    return None
-
-
-def check_producer_config(opts: KafkaSinkOptions) -> None:
-    """Raise :class:`ConfigError` naming the setting of ``producer_config`` librdkafka refuses.
-
-    Checked when the coordinator starts, before any Spark job and any meta store row: a bad
-    setting would otherwise fail every commit (with librdkafka's raw error).
-    """
-    conf = opts.producer_settings("eosink-config-check")
-    del conf["bootstrap.servers"]  # validated without connecting to anything
-    reason = _config_refused(conf)
-    if reason is None:
-        return
-    base = {k: v for k, v in conf.items() if k not in opts.producer_config}
-    bad = [k for k in opts.producer_config if _config_refused({**base, k: opts.producer_config[k]})]
-
-    def shown(k: str) -> str:
-        v = opts.producer_config[k]
-        return f"{k}=***" if is_secret_name(k) else f"{k}={v!r}"
-
-    what = (
-        ", ".join(shown(k) for k in bad)
-        if bad
-        else "a combination of " + ", ".join(map(shown, opts.producer_config))
-    )
-    raise ConfigError(
-        redact(
-            f"producer_config: librdkafka refuses {what} ({reason}); see librdkafka's "
-            "CONFIGURATION.md for the producer settings and their values",
-            opts,
-        )
-    )
-
-
-class Admin:
-    """Topic checks and the control topic (created when missing, compacted)."""
-
-    def __init__(self, opts: KafkaSinkOptions) -> None:
-        self.opts = opts
-        self.client = AdminClient(opts.client_settings(), logger=rdlog)
-
-    def _metadata(self) -> Any:
-        try:
-            return self.client.list_topics(timeout=self.opts.timeout_seconds)
-        except KafkaException as exc:
-            err = _err(exc)
-            raise SinkError(
-                redact(
-                    f"cannot reach Kafka at {self.opts.bootstrap_servers} "
-                    f"({err.str() if err is not None else exc}); is the broker running and "
-                    "bootstrap_servers right?",
-                    self.opts,
-                )
-            ) from None
-
-    def cluster_id(self) -> str:
-        return str(self._metadata().cluster_id)
-
-    def topics(self) -> dict[str, int]:
-        md = self._metadata()
-        return {name: len(t.partitions) for name, t in md.topics.items() if t.error is None}
-
-    def partitions(self) -> dict[str, int]:
-        """The partition count of every topic the cluster reports: also of one with a
-        transient error (no leader yet), whose count may then be 0 (unknown)."""
-        out: dict[str, int] = {}
-        for name, t in self._metadata().topics.items():
-            if t.error is None or t.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                out[name] = len(t.partitions)
-        return out
-
-    def max_message_bytes(self, topics: list[str]) -> dict[str, int]:
-        """Each topic's ``max.message.bytes`` (the largest record batch its brokers accept).
-
-        Raises:
-            SinkError: the cluster did not answer (unreachable, or DescribeConfigs denied).
-        """
-        resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
-        out: dict[str, int] = {}
-        try:
-            futures = self.client.describe_configs(
-                resources, request_timeout=self.opts.timeout_seconds
-            )
-            for res, fut in futures.items():
-                entry = fut.result(timeout=self.opts.timeout_seconds).get("max.message.bytes")
-                if entry is not None and entry.value is not None:
-                    out[res.name] = int(entry.value)
-        except Exception as exc:
-            raise SinkError(
-                redact(f"cannot read the topics' configs from Kafka ({exc})", self.opts)
-            ) from None
-        return out
-
-    def check_topic(self, topic: str) -> None:
-        if topic not in self.topics():
-            raise ConfigError(
-                f"topic {topic!r} does not exist on {self.opts.bootstrap_servers}; create it "
-                "first (kafka-topics.sh --create --topic ... with the partitions and "
-                "replication you want): the kafka sink never creates data topics"
-            )
-
-    def ensure_control_topic(self, name: str) -> None:
-        """Create the compacted control topic if it is missing; warn if it is not compacted."""
-        if name not in self.topics():
-            config = {
-                "cleanup.policy": "compact",
-                "min.compaction.lag.ms": "0",
-                "segment.ms": "600000",
-            }
-            fut = self.client.create_topics(
-                [NewTopic(name, num_partitions=1, replication_factor=-1, config=config)]
-            )[name]
-            try:
-                fut.result(timeout=self.opts.timeout_seconds)
-                log.info("kafka sink: created control topic %s (compacted)", name)
-            except KafkaException as exc:
-                err = _err(exc)
-                if err is None or err.code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise SinkError(
-                        redact(f"cannot create the control topic {name!r}: {exc}", self.opts)
-                    ) from None
-            return
-        res = ConfigResource(ConfigResource.Type.TOPIC, name)
-        try:
-            conf = self.client.describe_configs([res])[res].result(
-                timeout=self.opts.timeout_seconds
-            )
-            policy = conf["cleanup.policy"].value
-        except Exception:  # describing needs DescribeConfigs rights: not essential
-            return
-        if "compact" not in str(policy):
-            log.warning(
-                "kafka sink: control topic %s has cleanup.policy=%s; with 'delete' the markers "
-                "expire with the topic's retention and a replay after that could publish twice. "
-                "Set cleanup.policy=compact",
-                name,
-                policy,
-            )
-
-
-def read_markers(
-    opts: KafkaSinkOptions, topic: str, prefix: str, committed: bool = True
-) -> dict[str, dict[str, Any]]:
-    """The markers of the control topic whose key starts with ``prefix`` (last value wins).
-
-    ``committed``: read with ``read_committed`` up to the partitions' *high watermarks*,
-    taken now with ``read_uncommitted`` (a ``read_committed`` consumer's end of partition and
-    watermarks are the last stable offset: an open transaction of another producer would
-    hide every marker committed after it, and a stale marker republishes a chunk). So call it
-    after ``init_transactions`` of the ids whose markers count: their zombies can write
-    nothing after that, and whatever they committed before is below the watermark. The read
-    waits while another producer's transaction below the watermark is open (at most its
-    transaction timeout; past ``timeout_seconds``: :class:`CommitStateUnknownError`).
-
-    Not ``committed``: every marker record, those of open transactions too (which
-    transactional ids of the sink ever wrote markers).
-
-    Raises:
-        CommitStateUnknownError: Kafka could not be read (broker down, no leader for the
-            control topic yet): transient, the core retries the commit.
-    """
-    base = {
-        **opts.client_settings(),
-        "group.id": f"eosink-marker-{uuid.uuid4().hex[:8]}",
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        "auto.offset.reset": "earliest",
-        # A fetch that finds nothing new returns at once (the default waits 500 ms for
-        # data, and the read ends only at the end of every partition): ~0.5 s per read.
-        "fetch.wait.max.ms": 20,
-    }
-    try:
-        return _read_markers(opts, topic, prefix, committed, base)
-    except (KafkaException, SystemError) as exc:
-        # A broker outage (transport failure, no leader yet...): transient, the core retries.
-        kafka_exc = _kafka_exception(exc)
-        err = _err(kafka_exc) if kafka_exc is not None else None
-        raise CommitStateUnknownError(
-            redact(
-                f"cannot read the markers of control topic {topic!r} on "
-                f"{opts.bootstrap_servers}: {err.str() if err is not None else exc}",
-                opts,
-            )
-        ) from None
-
-
-def _read_markers(
-    opts: KafkaSinkOptions, topic: str, prefix: str, committed: bool, base: dict[str, Any]
-) -> dict[str, dict[str, Any]]:
-    consumer = Consumer({**base, "isolation.level": "read_uncommitted"}, logger=rdlog)
-    reader = consumer
-    try:
-        # A topic error (e.g. LEADER_NOT_AVAILABLE while a broker starts or just after the
-        # topic was created) is waited out for timeout_seconds, then transient.
-        deadline = time.monotonic() + opts.timeout_seconds
-        while True:
-            md = consumer.list_topics(topic, timeout=opts.timeout_seconds)
-            meta = md.topics.get(topic)
-            if meta is None or meta.error is None or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        if meta is not None and meta.error is not None:
-            raise CommitStateUnknownError(f"control topic {topic!r}: {meta.error}")
-        parts = sorted(meta.partitions) if meta is not None else []
-        if not parts:
-            raise CommitStateUnknownError(
-                f"control topic {topic!r} has no partitions (was it deleted? the sink "
-                "creates it at start)"
-            )
-        ends: dict[int, int] = {}
-        for p in parts:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, p), timeout=opts.timeout_seconds, cached=False
-            )
-            if high > low:
-                ends[p] = int(high)
-        if committed:
-            consumer.close()
-            reader = Consumer({**base, "isolation.level": "read_committed"}, logger=rdlog)
-            # The new consumer learns the topic's leaders before it is assigned: assigned
-            # first, its first fetch waits ~0.5 s for them.
-            reader.list_topics(topic, timeout=opts.timeout_seconds)
-        out: dict[str, dict[str, Any]] = {}
-        if not ends:
-            return out
-        tps = [TopicPartition(topic, p, -2) for p in sorted(ends)]  # OFFSET_BEGINNING
-        reader.assign(tps)
-        deadline = time.monotonic() + opts.timeout_seconds
-        left = set(ends)
-        while left:
-            if time.monotonic() > deadline:
-                raise CommitStateUnknownError(
-                    f"reading the markers of control topic {topic!r} took more than "
-                    f"{opts.timeout_seconds:.0f} s (a transaction of another producer on it "
-                    "may be open)"
-                )
-            msg = reader.poll(0.5)
-            if msg is not None:
-                error = msg.error()
-                if error is not None and error.code() != KafkaError._PARTITION_EOF:
-                    raise CommitStateUnknownError(f"reading control topic {topic!r}: {error}")
-                raw_key = msg.key() if error is None else None
-                key = raw_key.decode() if isinstance(raw_key, bytes) else ""
-                if error is None and key.startswith(prefix):
-                    value = msg.value()
-                    if value is None:
-                        out.pop(key, None)
-                    else:
-                        out[key] = json.loads(value)
-            for tp in reader.position([TopicPartition(topic, p) for p in left]):
-                if tp.offset >= ends[tp.partition]:
-                    left.discard(tp.partition)
-        return out
-    finally:
-        reader.close()
 
 
 @dataclass
@@ -397,7 +69,7 @@ class Slot:
         try:
             self.producer.init_transactions(self.opts.timeout_seconds)
         except KafkaException as exc:
-            err = _err(exc)
+            err = kafka_error(exc)
             self.close()
             if err is not None and err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
                 raise ConfigError(
@@ -498,11 +170,11 @@ class Slot:
             if self.producer is not None:
                 self.producer.abort_transaction(self.opts.timeout_seconds)
         except (KafkaException, SystemError) as probe:
-            return _kafka_exception(probe)
+            return kafka_exception(probe)
         return None
 
     def _failed(self, exc: BaseException, epoch: int, index: int) -> None:
-        kafka_exc = _kafka_exception(exc)
+        kafka_exc = kafka_exception(exc)
         if kafka_exc is None:
             # A SystemError of confluent-kafka's that carries no Kafka error (also seen:
             # "flush returned NULL without setting an exception" when the producer turned
@@ -516,15 +188,15 @@ class Slot:
                 redact(f"{where}: the Kafka client failed ({type(exc).__name__}: {exc})", self.opts)
             ) from None
         exc = kafka_exc
-        err = _err(exc) or (self.errors[0] if self.errors else None)
+        err = kafka_error(exc) or (self.errors[0] if self.errors else None)
         self.errors = []
         if err is not None and err.code() == KafkaError._FATAL and self.producer is not None:
             # The producer turned fatal in the background (e.g. fenced while this chunk was
             # produced): produce() and delivery reports then only say "Local: Fatal error".
             # A transactional call on a fatal producer returns the error that made it fatal.
             cause = self._ask_producer()
-            if cause is not None and _err(cause) is not None:
-                exc, err = cause, _err(cause)
+            if cause is not None and kafka_error(cause) is not None:
+                exc, err = cause, kafka_error(cause)
         where = f"{self.transactional_id} epoch {epoch} chunk {index}"
         code = err.code() if err is not None else None
         if code in _FENCED:
