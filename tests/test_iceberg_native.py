@@ -305,7 +305,8 @@ def test_partition_directories_decoded_and_checked(tmp_path: Path) -> None:
     """Directory values: Spark's %XX escaping undone, the null directory, the ``v`` prefix;
     a value the file's own bounds contradict (directories merged by a case-insensitive
     filesystem) is refused. No Spark needed."""
-    from eosink_iceberg.native import _Part, _partition_record
+    from eosink_iceberg.native_files import partition_record
+    from eosink_iceberg.native_plan import Part
     from eosink_iceberg.transforms import PartitionTerm
 
     def footer(values: list[Any]) -> Any:
@@ -313,20 +314,20 @@ def test_partition_directories_decoded_and_checked(tmp_path: Path) -> None:
         pq.write_table(pa.table({"grp": pa.array(values, pa.string())}), path)
         return pq.read_metadata(path)
 
-    ident = [_Part(PartitionTerm("identity", "grp"), "eosink_p0", "str")]
-    trunc = [_Part(PartitionTerm("truncate", "grp", 2), "eosink_p0", "str")]
-    assert _partition_record("eosink_p0=vde%2Fat%25%3D/f", ident, footer(["de/at%="])) == (
+    ident = [Part(PartitionTerm("identity", "grp"), "eosink_p0", "str")]
+    trunc = [Part(PartitionTerm("truncate", "grp", 2), "eosink_p0", "str")]
+    assert partition_record("eosink_p0=vde%2Fat%25%3D/f", ident, footer(["de/at%="])) == (
         "de/at%=",
     )
-    assert _partition_record("eosink_p0=v/f", ident, footer(["", ""])) == ("",)
-    assert _partition_record("eosink_p0=__HIVE_DEFAULT_PARTITION__/f", ident, footer([None])) == (
+    assert partition_record("eosink_p0=v/f", ident, footer(["", ""])) == ("",)
+    assert partition_record("eosink_p0=__HIVE_DEFAULT_PARTITION__/f", ident, footer([None])) == (
         None,
     )
-    assert _partition_record("eosink_p0=vab/f", trunc, footer(["abc", "abz"])) == ("ab",)
+    assert partition_record("eosink_p0=vab/f", trunc, footer(["abc", "abz"])) == ("ab",)
     with pytest.raises(eosink.SinkError, match="case-insensitive"):
-        _partition_record("eosink_p0=va/f", ident, footer(["A", "A"]))
+        partition_record("eosink_p0=va/f", ident, footer(["A", "A"]))
     with pytest.raises(eosink.SinkError, match="not partitioned as asked"):
-        _partition_record("f", ident, footer(["A"]))
+        partition_record("f", ident, footer(["A"]))
 
 
 # -- Python writers: bounded memory -------------------------------------------------------------
@@ -377,17 +378,17 @@ def test_a_stream_plans_its_projection_once(
 ) -> None:
     """The micro-batches of a stream reuse the projection the first one planned (PySpark's
     Column API costs ~5 ms a call); a table whose schema changed gets a new one."""
-    from eosink_iceberg import native
+    from eosink_iceberg import native_plan
     from harness import make_input
 
     calls: list[int] = []
-    plan = native._plan
+    plan = native_plan._plan
 
     def counted(*args: Any) -> Any:
         calls.append(1)
         return plan(*args)
 
-    monkeypatch.setattr(native, "_plan", counted)
+    monkeypatch.setattr(native_plan, "_plan", counted)
     inp = tmp_path / "in"
     expected = make_input(inp, files=3, rows=20)
     sdf = (

@@ -6,8 +6,11 @@ The sink is a package (see ``docs/iceberg.md``, "Package layout"):
 * ``transforms.py``: the ``partition_by`` grammar parsed once into typed terms;
 * ``datafiles.py``: data file names (sink and epoch) and DataFile <-> JSON;
 * ``writer.py``: the Python writer (Spark tasks, pyiceberg's Parquet writer);
-* ``native.py``: the native path (Spark's own Parquet writer, on the driver);
-* ``coordinator.py``: the table, schema evolution, commits, recovery and cleanup;
+* ``native.py``: the native path (Spark's own Parquet writer, on the driver), with
+  ``native_checks.py`` (what it cannot express), ``native_plan.py`` (the projection) and
+  ``native_files.py`` (the DataFiles of what Spark wrote);
+* ``coordinator.py``: the phases, made of ``checks.py``, ``setup.py`` (the table, schema
+  evolution), ``marker.py``, ``files.py`` (cleanup) and ``upsert.py``;
 * ``cdc.py``: change-data-capture (``mode="upsert"``): staging, checks, copy-on-write;
 * ``_compat.py``: every use of pyiceberg internals, and the versions it is tested with.
 

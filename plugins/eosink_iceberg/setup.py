@@ -81,10 +81,10 @@ class TableSetup(MarkerProperty):
         if self.opts.writer == "python":
             return "the sink's option writer='python'"
         if self.opts.mode == "upsert":  # changes are staged as plain Parquet files
-            from .native import _location_problem
+            from .native_checks import location_problem
 
             where = self._metadata.location if self._metadata is not None else None
-            why = _location_problem(where) if where else None
+            why = location_problem(where) if where else None
             if why is not None and self.opts.writer == "spark":
                 raise ConfigError(
                     f"Iceberg table {self.opts.table!r}: writer='spark', but Spark cannot "
