@@ -237,14 +237,14 @@ def test_concurrent_writer_conflict_is_redone(  # type: ignore[no-untyped-def]
     file: the commit is retried on the new snapshot. ``delete``: the other application
     rewrites a file eosink rewrites: the commit cannot stand and is redone from the new
     snapshot. Either way the result is exact: both applications' changes, once."""
-    from eosink_iceberg import cdc
+    from eosink_iceberg import rewrite
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     opts = {**_opts(tmp_path, **CDC), "metastore_url": url}
     e1 = [(i, f"a{i}", "c", 1) for i in range(20)]
     eosink.run(_changes(spark, e1).coalesce(1), sink="iceberg", epoch=1, **opts)
     state = {i: {"id": i, "payload": f"a{i}", "seq": 1} for i in range(20)}
-    original = cdc.write_data
+    original = rewrite.write_data
     calls: list[int] = []
 
     def write_data(*a: Any, **kw: Any) -> Any:
@@ -268,7 +268,7 @@ def test_concurrent_writer_conflict_is_redone(  # type: ignore[no-untyped-def]
                 t.delete(EqualTo("id", 19))
         return original(*a, **kw)
 
-    monkeypatch.setattr(cdc, "write_data", write_data)
+    monkeypatch.setattr(rewrite, "write_data", write_data)
     e2 = [(i, f"b{i}", "u", 2) for i in range(10)]
     with caplog.at_level(logging.INFO):
         r = eosink.run(_changes(spark, e2), sink="iceberg", epoch=2, **opts)

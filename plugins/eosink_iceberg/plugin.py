@@ -11,7 +11,8 @@ The sink is a package (see ``docs/iceberg.md``, "Package layout"):
   ``native_files.py`` (the DataFiles of what Spark wrote);
 * ``coordinator.py``: the phases, made of ``checks.py``, ``setup.py`` (the table, schema
   evolution), ``marker.py``, ``files.py`` (cleanup) and ``upsert.py``;
-* ``cdc.py``: change-data-capture (``mode="upsert"``): staging, checks, copy-on-write;
+* ``cdc.py``: change-data-capture (``mode="upsert"``): staging and checks; ``rewrite.py``:
+  its copy-on-write;
 * ``_compat.py``: every use of pyiceberg internals, and the versions it is tested with.
 
 Nothing here imports pyiceberg: without it the sink is still listed (``eosink plugins``).

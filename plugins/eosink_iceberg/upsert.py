@@ -17,7 +17,7 @@ from eosink import (
     fault_point,
 )
 
-from . import _compat, cdc
+from . import _compat, cdc, rewrite
 from .datafiles import norm
 from .files import EpochFiles
 from .setup import TableSetup
@@ -116,11 +116,13 @@ class UpsertEpochs(TableSetup, EpochFiles):
                 if evolve:
                     self._apply_evolution(tx, evolve, epoch)
                 metadata = tx.table_metadata
-                gone, kept, removed = cdc.rewrite_plan(table, metadata, changes.keys, table.io)
-                where = cdc.new_files_dir(table.location(), self.sink_id, epoch)
+                gone, kept, removed = rewrite.rewrite_plan(table, metadata, changes.keys, table.io)
+                where = rewrite.new_files_dir(table.location(), self.sink_id, epoch)
                 if kept is not None:
-                    written += cdc.write_data(metadata, kept, table.io, self.sink_id, epoch, where)
-                written += cdc.write_data(
+                    written += rewrite.write_data(
+                        metadata, kept, table.io, self.sink_id, epoch, where
+                    )
+                written += rewrite.write_data(
                     metadata, changes.upserts, table.io, self.sink_id, epoch, where
                 )
                 fault_point("mid_commit", site="upsert")
