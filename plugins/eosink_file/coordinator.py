@@ -1,20 +1,20 @@
-"""The ``file`` sink's coordinator: Spark's native writer, the staged-rows check, the
-marker, publish (local, S3, Hadoop) and abort."""
+"""The ``file`` sink's coordinator: publish (local, S3, Hadoop) and abort, made of its parts:
+
+* ``native.py``: Spark's native writer and the staged-rows check;
+* ``marker.py``: the layout record and the marker in the target;
+* ``publish.py``: staged files moved to their final names (local, Hadoop);
+* ``state.py``: the shared attributes and the target's JSON records.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 import shutil
-import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
 
 from eosink import (
     ConfigError,
@@ -28,31 +28,32 @@ from eosink import (
     TargetMarker,
     fault_point,
 )
-from eosink.util import abandon_hint, sink_key
+from eosink.util import sink_key
 
 from ._hadoop import HadoopStore, java_message, spark_session
-from ._rolling import Roller, fsync_path, manifest, piece_ext
+from ._rolling import Roller, manifest, piece_ext
 from ._s3 import S3Store
-from .committed import count_records
 from .layout import (
     COMMITS_DIR,
-    LAYOUT_KEYS,
-    LAYOUT_REL,
     MARKER_DIR,
     STAGING_DIR,
     check_layout,
-    guard_partition_values,
-    guarded_error,
     layout_of,
-    schema_id,
-    write_json_atomic,
 )
+from .marker import TargetRecords
+from .native import SparkStaging
 from .options import FileSinkOptions
+from .publish import Publishing
+
+__all__ = ["FileCoordinator", "make_coordinator"]
 
 log = logging.getLogger("eosink.file")
 
 
 class FileCoordinator(
+    SparkStaging,
+    TargetRecords,
+    Publishing,
     SinkCommitCoordinator[dict[str, Any], dict[str, Any]],
     SparkWriter[dict[str, Any]],
     StagedEpochs,
@@ -116,229 +117,6 @@ class FileCoordinator(
             self._read_json,
         )
 
-    # -- storage ---------------------------------------------------------------------------
-    def _read_json(self, rel: str) -> dict[str, Any] | None:
-        if self.hadoop is not None:
-            got = self.hadoop.read(rel)
-            return None if got is None else dict(json.loads(got))
-        try:
-            raw = self.s3.get(rel) if self.s3 is not None else (self.root / rel).read_bytes()
-        except FileNotFoundError:
-            return None
-        except Exception as exc:
-            if self.s3 is not None and S3Store.missing(exc):
-                return None
-            raise
-        data: dict[str, Any] = json.loads(raw)
-        return data
-
-    def _write_json(self, rel: str, data: dict[str, Any]) -> None:
-        if self.s3 is not None:  # a PUT replaces the object atomically
-            self.s3.put(rel, json.dumps(data, sort_keys=True).encode())
-        elif self.hadoop is not None:
-            self.hadoop.write_atomic(
-                rel, json.dumps(data, sort_keys=True).encode(), self.opts.fsync
-            )
-            if self.opts.fsync and self.hadoop.scheme == "file":
-                fsync_path((self.root / rel).parent)
-        else:
-            write_json_atomic(self.root / rel, data, self.opts.fsync)
-
-    # -- the native path -------------------------------------------------------------------
-    def spark_write_unsupported(self, schema: pa.Schema) -> str | None:
-        """Why Spark's writers cannot stage this sink's epochs (then Python writers do).
-
-        Raises:
-            ConfigError: ``writer='spark'`` and they cannot.
-        """
-        if self.opts.writer == "python":
-            return "the file sink's option writer='python'"
-        if self.s3 is not None:
-            return "the path is on S3 (the Python writers upload through boto3)"
-        why = None
-        if self.opts.format == "parquet" and self.opts.codec == "brotli":
-            why = "Spark ships no Brotli codec for Parquet (compression='brotli')"
-        elif self.opts.max_row_count is not None and self.opts.format in ("json", "csv", "text"):
-            why = (
-                "max_row_count needs each file's row count, which Spark's text writers do not "
-                "report"
-            )
-        if why and self.opts.writer == "spark":
-            raise ConfigError(f"writer='spark' is not possible: {why}; use writer='auto'")
-        if why and self.opts.local_path is None:
-            raise ConfigError(
-                f"the file sink cannot write {self.opts.path!r}: {why}, and the Python writers "
-                f"do not write {self.opts.hadoop_scheme}:// paths"
-            )
-        return why
-
-    def write_with_spark(
-        self, df: Any, epoch: int, attempt: str, setup: Any
-    ) -> list[dict[str, Any]]:
-        """Spark's ``DataFrameWriter`` writes the epoch into its own staging directory.
-
-        Spark's commit protocol moves only the files of committed tasks into it (failed and
-        speculative attempts stay in its ``_temporary``, deleted with the epoch's staging).
-        A local path is given to Spark as a ``file://`` URI: it is a directory on the nodes'
-        own disks, whatever Spark's default filesystem is. Parquet and ORC files get their
-        row counts from their footers (:meth:`check_spark_write` adds them up).
-        """
-        stage_rel = f"{self.staging_rel}/{epoch}/{attempt}"
-        fmt = self.opts.format
-        if self.opts.partition_by:
-            df = guard_partition_values(df, self.opts.partition_by)
-        w = df.write.format(fmt).mode("error")
-        w = w.option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
-        w = w.option("compression", self.opts.codec)
-        if fmt == "csv":  # what the Python writers write: a header, RFC 4180 quoting
-            w = w.option("header", "true").option("escape", '"')
-        for k, v in self.opts.format_options.items():
-            w = w.option(k, v)
-        if self.opts.partition_by:
-            w = w.partitionBy(*self.opts.partition_by)
-        hadoop = self.hadoop
-        try:
-            w.save(hadoop.url(stage_rel) if hadoop else f"file://{self.root / stage_rel}")
-        except Exception as exc:
-            refused = guarded_error(exc, self.opts.partition_by)
-            if refused is not None:  # a partition value the Python writers refuse too
-                raise refused from None
-            raise
-        data_cols = [f for f in df.schema.fields if f.name not in self.opts.partition_by]
-        sid = schema_id("spark", [(f.name, f.dataType.simpleString()) for f in data_cols])
-        # The files of Spark's job as the driver sees them (never _temporary: the leftovers
-        # of failed attempts; never Spark's "." files: Hadoop's checksums).
-        if hadoop is not None:
-            listed = hadoop.files(stage_rel)
-        else:
-            stage = self.root / stage_rel
-            listed = [
-                (p.relative_to(self.root).as_posix(), p.stat().st_size)
-                for p in stage.rglob("*")
-                if p.is_file()
-            ]
-        local = hadoop is None or hadoop.scheme == "file"
-        files: list[dict[str, Any]] = []
-        for rel, size in sorted(listed):
-            parts = rel[len(stage_rel) + 1 :].split("/")
-            if parts[-1].startswith(".") or any(x.startswith("_") for x in parts):
-                continue
-            rows: int | None = None
-            if fmt in ("parquet", "orc") and size > 0:
-                rows = self._footer_rows(rel, local)
-            if size == 0 or rows == 0:  # Spark writes one empty file for an empty DataFrame
-                if local:
-                    (self.root / rel).unlink()
-                else:
-                    assert hadoop is not None
-                    hadoop.delete(rel)
-                continue
-            files.append(
-                {
-                    "staged": rel,
-                    "partition": "/".join(parts[:-1]),
-                    "rows": rows,
-                    "bytes": size,
-                    "schema": sid,
-                }
-            )
-        if self.opts.fsync and local:  # Spark's writers do not fsync: here, in parallel
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(max_workers=8) as pool:
-                list(pool.map(fsync_path, [self.root / f["staged"] for f in files]))
-            for d in {(self.root / f["staged"]).parent for f in files}:
-                fsync_path(d)
-        return [{"files": files, "stage": stage_rel}]
-
-    def _footer_rows(self, rel: str, local: bool) -> int:
-        """The rows of a staged Parquet or ORC file, from its footer."""
-        if local:
-            if self.opts.format == "parquet":
-                import pyarrow.parquet as pq
-
-                return int(pq.read_metadata(self.root / rel).num_rows)
-            import pyarrow.orc as orc
-
-            return int(orc.ORCFile(str(self.root / rel)).nrows)
-        assert self.hadoop is not None
-        if self.opts.format == "parquet":
-            return self.hadoop.parquet_rows(rel)
-        return self.hadoop.orc_rows(rel)
-
-    def check_spark_write(self, epoch: int, results: Sequence[dict[str, Any]], rows: int) -> None:
-        """Refuse an epoch whose staged files do not hold the rows Spark's write counted.
-
-        Parquet and ORC: the rows of their footers. JSON lines, CSV and text staged on the
-        driver's own filesystem (a local path, ``file://``): their records, counted in the
-        files (decompressed when compressed). On other Hadoop filesystems, which every node
-        and the driver see alike, JSON, CSV and text files are not read back (that would
-        copy the whole epoch to the driver): only Parquet and ORC are counted there.
-
-        Raises:
-            SinkError: the files hold fewer rows than Spark wrote (or, where the count is
-                exact, more), before anything of the epoch is persisted.
-        """
-        t0 = time.perf_counter()
-        files = [f for r in results for f in r["files"]]
-        stage = next((r["stage"] for r in results if r.get("stage")), None)
-        fmt = self.opts.format
-        counted = 0
-        exact = True
-        if fmt in ("parquet", "orc"):
-            counted = sum(int(f["rows"]) for f in files)
-        elif self.opts.local_path is None:
-            log.debug("file sink epoch %d: %s files on %s are not counted", epoch, fmt, stage)
-            return
-        else:
-            for n, is_exact in count_records(
-                [self.root / f["staged"] for f in files], fmt, self.opts.format_options
-            ):
-                if n is None:  # a codec eosink cannot read (format_options' compression)
-                    return
-                counted += n
-                exact = exact and is_exact
-        where = f"{self.opts.path.rstrip('/')}/{stage}" if stage else self.opts.path
-        log.debug(
-            "file sink epoch %d: %d file(s) hold %d row(s) (Spark counted %d): %.1f ms",
-            epoch,
-            len(files),
-            counted,
-            rows,
-            (time.perf_counter() - t0) * 1000,
-        )
-        if counted == rows or (not exact and counted > rows):
-            if counted != rows:
-                log.info(
-                    "file sink epoch %d: %d %s records for %d rows (values that contain "
-                    "line breaks); the rows of such files cannot be counted exactly",
-                    epoch,
-                    counted,
-                    fmt,
-                    rows,
-                )
-            return
-        if counted < rows:
-            raise SinkError(
-                f"epoch {epoch}: Spark's write counted {rows} rows, but the {len(files)} "
-                f"file(s) the driver finds in the staging directory {where} hold {counted}: "
-                f"{rows - counted} rows were written where the driver does not see them. "
-                f"The likely cause: the path {self.opts.path} is not the same directory on "
-                "every node (a local path or file:// URI on each machine's own disk, not a "
-                "mount every node shares), so the files of the tasks that ran on other "
-                "machines stayed on those machines. Write to a location every node and the "
-                "driver share (hdfs://, s3://, abfs://, gs://, a shared mount). (Over "
-                "Spark Connect, \"the driver\" here is the client's Python, where eosink's "
-                "coordinator runs: the path must be the same directory there too.) Nothing "
-                "of this epoch was published or persisted."
-            )
-        raise SinkError(
-            f"epoch {epoch}: Spark's write counted {rows} rows, but the {len(files)} file(s) "
-            f"in the staging directory {where} hold {counted}: files that are not this "
-            "write's are there (another writer uses this staging directory?). Nothing of "
-            "this epoch was published or persisted."
-        )
-
     def init(self) -> None:
         if self.s3 is not None:
             self.s3.check_bucket()
@@ -361,60 +139,6 @@ class FileCoordinator(
                 len(self.roller.committed["slots"]),
             )
 
-    def _layout_where(self) -> str:
-        if self.s3 is not None:
-            return self.s3.url(LAYOUT_REL)
-        if self.hadoop is not None:
-            return self.hadoop.url(LAYOUT_REL)
-        return str(self.root / LAYOUT_REL)
-
-    def _init_layout(self) -> None:
-        """Check this run's layout against the target's record (:func:`check_layout`).
-
-        Without a record, a target that already holds committed epochs (written before
-        eosink recorded layouts) adopts this run's layout now, once; an empty one records
-        it with its first commit, so that a run that fails before committing anything does
-        not fix a layout.
-        """
-        where = self._layout_where()
-        try:
-            raw = self._read_json(LAYOUT_REL)
-        except ValueError as exc:
-            raise SinkError(f"the file sink's layout record {where} is corrupt ({exc})") from None
-        if raw is not None:
-            check_layout(self.opts, raw, where)
-            self._layout = {k: raw.get(k) for k in LAYOUT_KEYS}
-            return
-        self._layout = None
-        if self._holds_commits():
-            log.info(
-                "file sink: the target %s has no layout record (written before eosink "
-                "recorded one); adopting this run's format=%r, partition_by=%r in %s",
-                self.opts.path,
-                self.opts.format,
-                list(self.opts.partition_by),
-                where,
-            )
-            self._record_layout()
-
-    def _holds_commits(self) -> bool:
-        """Whether any sink committed an epoch to this target (a manifest exists)."""
-        base = f"{MARKER_DIR}/{COMMITS_DIR}"
-        if self.s3 is not None:
-            return next(iter(self.s3.objects(base + "/")), None) is not None
-        if self.hadoop is not None:
-            return any(self.hadoop.names(f"{base}/{key}") for key in self.hadoop.names(base))
-        return any(p.is_file() for p in (self.root / base).rglob("*.json"))
-
-    def _record_layout(self, layout: Mapping[str, Any] | None = None) -> None:
-        """Write the layout record (``layout``, default: this run's), unless the target has
-        one already (then that one holds: :meth:`pre_commit` checks this run against it)."""
-        have = self._read_json(LAYOUT_REL)
-        if have is None:
-            have = {k: (layout or layout_of(self.opts))[k] for k in LAYOUT_KEYS}
-            self._write_json(LAYOUT_REL, {**have, "version": 1})
-        self._layout = {k: have.get(k) for k in LAYOUT_KEYS}
-
     def target_id(self) -> str:
         return f"file:{self.opts.sink_path}"
 
@@ -423,35 +147,6 @@ class FileCoordinator(
         local = self.opts.local_path
         return None if local is None else str(local / MARKER_DIR / "journal")
 
-    # -- the marker ------------------------------------------------------------------------
-    def read_marker(self) -> dict[str, Any] | None:
-        try:
-            data = self._read_json(self.marker_rel)
-        except ValueError as exc:
-            raise SinkError(
-                f"the eosink marker {self.marker_rel} under {self.opts.path} is corrupt "
-                f"({exc}); it records which epochs this directory holds. Restore it, or move "
-                "the directory aside"
-            ) from None
-        if data is None:
-            return None
-        self._marker = data
-        return dict(data)
-
-    def _store_marker(self, marker: dict[str, Any]) -> None:
-        self._write_json(self.marker_rel, marker)
-        self._marker = marker
-
-    def write_marker(self, marker: dict[str, Any]) -> None:
-        last = self._last_epoch()
-        self._store_marker({**marker, "last_epoch": last})
-
-    def _last_epoch(self) -> int:
-        if self._marker is None:
-            self.read_marker()
-        return int((self._marker or {}).get("last_epoch", -1))
-
-    # -- the protocol ----------------------------------------------------------------------
     def pre_commit(self, epoch: int, results: Sequence[dict[str, Any]]) -> Prepared[dict[str, Any]]:
         # A layout recorded since init (an older run's epoch recovered at this start).
         check_layout(self.opts, self._layout, self._layout_where())
@@ -533,91 +228,6 @@ class FileCoordinator(
         )
         # Leftovers of failed or speculative task attempts of this epoch.
         self._clean_epoch(epoch, keep=self.roller.referenced())
-
-    def _publish_local(self, epoch: int, committable: dict[str, Any]) -> None:
-        dirs: set[Path] = set()
-        for i, f in enumerate(committable["files"]):
-            final = self.root / f["final"]
-            staged = self.root / f["staged"]
-            if final.exists():
-                if final.stat().st_size != f["bytes"]:
-                    raise SinkError(
-                        f"epoch {epoch}: {final} exists with an unexpected size; "
-                        "another writer uses this path"
-                    )
-                continue  # already published by an earlier attempt of this commit
-            if not staged.exists():
-                raise SinkError(
-                    f"epoch {epoch}: staged file {staged} is missing and {final} was never "
-                    "published (was the staging directory deleted?). "
-                    + abandon_hint(self.sink_id, epoch)
-                )
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(staged, final)
-            dirs.add(final.parent)
-            if i == 0:
-                fault_point("mid_commit", site="local")
-        if self.opts.fsync:
-            for d in dirs:
-                fsync_path(d)
-
-    def _check_staged(self, epoch: int, staged: Sequence[dict[str, Any]]) -> None:
-        """Every file a task staged is on the driver, with the size the task wrote."""
-        for f in staged:
-            p = self.root / f["staged"]
-            try:
-                size: int | None = p.stat().st_size
-            except FileNotFoundError:
-                size = None
-            if size == f["bytes"]:
-                continue
-            found = "is not there" if size is None else f"has {size} bytes"
-            rows = f" ({f['rows']} rows)" if f.get("rows") is not None else ""
-            raise SinkError(
-                f"epoch {epoch}: a Spark task staged {p} with {f['bytes']} bytes{rows}, and "
-                f"on the driver it {found}. The likely cause: the path {self.opts.path} is "
-                "not the same directory on every node (a local path or file:// URI on each "
-                "machine's own disk, not a mount every node shares), so the files of the "
-                "tasks that ran on other machines stayed there. Write to a location every "
-                "node and the driver share (a shared mount, s3://, or hdfs://, abfs://, "
-                "gs:// through eosink.run). Nothing of this epoch was published or persisted."
-            )
-
-    def _publish_hadoop(self, epoch: int, committable: dict[str, Any]) -> None:
-        """Publish by renames through the Hadoop FileSystem (see :mod:`eosink_file._hadoop`)."""
-        fs = self.hadoop
-        assert fs is not None
-        made: set[str] = set()
-        for i, f in enumerate(committable["files"]):
-            final, staged = f["final"], f["staged"]
-            have = fs.size(final)
-            if have is None:
-                parent = final.rpartition("/")[0]
-                if parent not in made:
-                    fs.mkdirs(parent)
-                    made.add(parent)
-                if not fs.rename(staged, final):
-                    have = fs.size(final)
-                    if have is None and fs.size(staged) is None:
-                        raise SinkError(
-                            f"epoch {epoch}: staged file {fs.url(staged)} is missing and "
-                            f"{fs.url(final)} was never published (was the staging directory "
-                            "deleted?). " + abandon_hint(self.sink_id, epoch)
-                        )
-                    if have is None:
-                        raise SinkError(
-                            f"epoch {epoch}: cannot rename {fs.url(staged)} to {fs.url(final)}"
-                        )
-            if have is not None and have != f["bytes"]:
-                raise SinkError(
-                    f"epoch {epoch}: {fs.url(final)} exists with an unexpected size; "
-                    "another writer uses this path"
-                )
-            if have is None and i == 0:
-                fault_point("mid_commit", site="hadoop")
-        if self.opts.fsync and fs.scheme == "file":
-            for d in made:
-                fsync_path(self.root / d)
 
     def _clean_epoch(self, epoch: int, keep: set[str]) -> None:
         """Delete what is staged for ``epoch`` except ``keep`` (pieces of open slots)."""
@@ -707,7 +317,6 @@ class FileCoordinator(
             return []
         return [int(p.name) for p in self.staging.iterdir() if p.name.isdigit()]
 
-    # -- rolling ---------------------------------------------------------------------------
     def roll(self, everything: bool) -> int:
         """Publish the open files that are due (every one with ``everything``)."""
         return len(self.roller.roll(everything, max(self._last_epoch(), 0)))

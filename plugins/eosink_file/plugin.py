@@ -24,13 +24,16 @@ rolling options files span epochs (:mod:`eosink_file._rolling`); on S3 files are
 uploads completed at commit (:mod:`eosink_file._s3`); on other Hadoop filesystems
 (``hdfs://``...) the driver works through Spark's own FileSystem (:mod:`eosink_file._hadoop`).
 Before an epoch is persisted, its staged files must hold the rows Spark wrote
-(:meth:`FileCoordinator.check_spark_write`): a path that is not the same directory on every
-node loses the remote tasks' files without an error from Spark.
+(:meth:`~eosink_file.native.SparkStaging.check_spark_write`): a path that is not the same
+directory on every node loses the remote tasks' files without an error from Spark.
 
 The package: :mod:`~eosink_file.options` (the options model and the column checks),
 :mod:`~eosink_file.layout` (partition directories, schema ids, the layout record),
 :mod:`~eosink_file.writer` (the Python writers), :mod:`~eosink_file.coordinator` (the driver
-side), :mod:`~eosink_file.committed` (reading whole epochs back); this module registers the
+side: publish and abort) with its parts :mod:`~eosink_file.native` (Spark's writers, the
+staged-rows check), :mod:`~eosink_file.publish`, :mod:`~eosink_file.marker` (the layout
+record and the marker) and :mod:`~eosink_file.state`, :mod:`~eosink_file.committed` (reading
+whole epochs back); this module registers the
 sink and keeps the names readers import (``from eosink_file.plugin import committed_files``).
 """
 
