@@ -49,6 +49,7 @@ from eosink.util import fsync_path, session_conf
 from . import _compat
 from .datafiles import SPARK_WRITE_CONF, native_dir_name
 from .options import IcebergSinkOptions
+from .rows import required_message, utc_timestamps
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -254,8 +255,6 @@ def check_changes(
             continue
         n = upserts.column(col).null_count
         if n:
-            from .writer import required_message
-
             raise SchemaMismatchError(required_message(opts.table, col, n))
     # order_by may be a key column (a stream keyed and ordered by its id): select it once
     group = list(dict.fromkeys([*opts.keys, *([opts.order_by] if opts.order_by else [])]))
@@ -302,8 +301,6 @@ def read_changes(
     opts: IcebergSinkOptions, changes: Sequence[dict[str, Any]], io_props: dict[str, str]
 ) -> Changes:
     """Read the epoch's staged changes and keep each key's winner (:func:`winners`)."""
-    from .writer import utc_timestamps
-
     data = _read([c["path"] for c in changes if c.get("rows")], io_props, None)
     if data.num_columns:
         utc = utc_timestamps(data.schema)

@@ -21,8 +21,8 @@ from eosink import ConfigError, SchemaMismatchError, SinkError
 
 from . import _compat, cdc
 from .options import IcebergSinkOptions, load_catalog, redact
+from .rows import utc_timestamps
 from .transforms import PartitionTerm, check_transforms_writable, source_type_error, table_terms
-from .writer import utc_timestamps
 
 __all__ = [
     "check_new_spec",

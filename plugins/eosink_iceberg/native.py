@@ -43,7 +43,7 @@ from .native_checks import SchemaReason, unsupported
 from .native_files import staged_data_files
 from .native_plan import REQUIRED_MARK, cached_plan
 from .options import IcebergSinkOptions
-from .writer import required_message
+from .rows import required_message
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

@@ -30,8 +30,8 @@ from .checks import (
     new_table_schema_and_spec,
 )
 from .marker import MarkerProperty
+from .rows import utc_timestamps
 from .transforms import check_transforms_writable, table_terms
-from .writer import utc_timestamps
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
