@@ -4,7 +4,6 @@ handed are the ones staged, before the epoch is persisted."""
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,8 +19,6 @@ from ._rolling import fsync_path
 from .state import CoordinatorState
 
 __all__ = ["Publishing"]
-
-log = logging.getLogger("eosink.file")
 
 
 class Publishing(CoordinatorState):

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,8 +31,6 @@ __all__ = [
     "new_table_schema_and_spec",
     "validate_schema",
 ]
-
-log = logging.getLogger("eosink.iceberg")
 
 
 def validate_schema(opts: IcebergSinkOptions, schema: pa.Schema) -> None:

@@ -16,7 +16,6 @@ This module imports confluent-kafka; nothing on the executors imports it.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +35,6 @@ from .options import KafkaSinkOptions, redact
 
 __all__ = ["Slot"]
 
-log = logging.getLogger("eosink.kafka")
 
 _FENCED = {
     KafkaError._FENCED,
